@@ -1,0 +1,1 @@
+"""kvclaims: auditable resident KV claims for vLLM (command-line facade)."""
