@@ -1,0 +1,67 @@
+"""Run policies: how one engine treats the claims its requests declare.
+
+A claim states its own protection mode; the run policy decides whether modes are enforced and
+which mode a claim gets when it states none. This table is the single source of truth for the
+``--policy`` option, the manifest's ``enforcement`` section and the docs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One run policy."""
+
+    name: str
+    enforce: bool  # False: claims are recorded and judged, never enforced
+    default_mode: str  # mode of a claim that declares none
+    deny_reuse: bool  # write no-admit: blocks of claim-less requests never become reusable
+    summary: str
+
+
+POLICIES: Final[dict[str, Policy]] = {
+    p.name: p
+    for p in (
+        Policy("native", False, "hard_protected", False,
+               "vLLM as shipped: claims are recorded, nothing is enforced"),
+        Policy("write_no_admit", False, "hard_protected", True,
+               "claim-less requests' blocks never become reusable (reuse_denied); "
+               "claims are recorded, not enforced"),
+        Policy("hard_protected", True, "hard_protected", False,
+               "claims are enforced by their mode; a claim without a mode is hard_protected"),
+        Policy("demote_on_conflict", True, "demotable", False,
+               "claims are enforced by their mode; a claim without a mode is demotable"),
+        Policy("ttl_expiry", True, "expiring", False,
+               "claims are enforced by their mode; a claim without a mode is expiring"),
+    )
+}
+
+# What the arbiter does for each mode when the policy enforces claims (manifest + docs).
+MODE_ENFORCEMENT: Final[dict[str, str]] = {
+    "best_effort": "recorded only; its blocks are ordinary cache entries",
+    "soft_priority": "enforced: its cached blocks are evicted only after every unclaimed "
+                     "eviction candidate",
+    "hard_protected": "enforced: its cached blocks hold an extra reference and are never "
+                      "victims; infeasible requests are deferred, then refused",
+    "demotable": "enforced: protected like hard_protected until a conflict, then the fewest, "
+                 "lowest-value claims are demoted (claim_demoted) before any loss",
+    "expiring": "enforced: protected like hard_protected until ttl_s on the engine clock, then "
+                "claim_expired and ordinary",
+    "offloadable": "NOT ENFORCED: accepted and recorded; offload to a lower tier is not "
+                   "implemented, its blocks are ordinary cache entries",
+}
+
+PINNING_MODES: Final[frozenset[str]] = frozenset({"hard_protected", "demotable", "expiring"})
+
+
+def get_policy(name: str) -> Policy:
+    """Look a policy up by name, with a clear error listing the choices."""
+    from recorder.schema import InputError
+
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise InputError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None
