@@ -259,17 +259,18 @@ def engine_args(model_dir: Path, usable_blocks: int, kvclaims: dict[str, Any],
     )
 
 
-def record(scenario: str, usable_blocks: int | None, policy: str | None, out: Path, *,
-           model_dir: Path | None = None, run_id: str | None = None,
+def record(scenario: str | Scenario, usable_blocks: int | None, policy: str | None, out: Path,
+           *, model_dir: Path | None = None, run_id: str | None = None,
            extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Record one scenario into ``out`` on a fresh engine; return the client's view.
-
-    The engine runs in-process unless ``VLLM_ENABLE_V1_MULTIPROCESSING`` says otherwise.
+    """Record one scenario (a built-in name, or a ``Scenario``) into ``out`` on a fresh engine;
+    return the client's view. The engine runs in-process unless
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` says otherwise.
     """
     from recorder.policies import get_policy
     from recorder.tiny_model import ensure_tiny_model
 
-    spec = get_scenario(scenario)
+    spec = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
+    scenario = spec.name
     policy = get_policy(policy or spec.default_policy).name
     usable = usable_blocks or spec.default_usable_blocks
     if usable < 2:

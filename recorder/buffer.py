@@ -1,0 +1,574 @@
+"""The recorder's hot path: an in-memory event buffer drained by a background writer thread.
+
+``EventBuffer.emit(event, **fields)`` is what the engine calls. It only stamps ``seq`` and
+``ts_ns`` and appends a tuple to a list under a lock: no validation, no Arrow work. A daemon
+thread wakes every ``flush_interval_s`` (or as soon as ``batch_events`` are waiting), converts
+the pending tuples column-wise into ``pa.RecordBatch``es and hands them to a ``RunWriter``.
+
+NOTE: invariants
+- ``seq`` is strictly increasing from 0 and every seq is accounted for: it is either written,
+  or covered by a ``recorder_gap`` event written later (``first_seq..last_seq``);
+- ``run_started`` is seq 0 (emitted by the constructor from the writer's run facts) and
+  ``run_finished`` is the last event (emitted by ``close()``);
+- memory is bounded: at most ``capacity`` events are waiting (pending or being converted); past
+  that, events are dropped and counted, and the next accepted event is preceded by a
+  ``recorder_gap`` (reason ``buffer_full``) covering the dropped span;
+- ``emit`` never raises into the caller and never blocks on I/O; every internal failure is
+  caught and counted in the manifest's ``recorder_errors`` (a bad event becomes a
+  ``recorder_gap`` with reason ``invalid_event``; a failed write, one with ``write_failed``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import numbers
+import os
+import threading
+import time
+import weakref
+from typing import Any, Final
+
+import pyarrow as pa
+
+from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, EVENTS, RECORDER_VERSION,
+                             SCHEMA_VERSION, InputError)
+from recorder.trace_writer import RunWriter
+
+# Pending events as four parallel lists: seqs, ts_ns, event names, field dicts (the emit()
+# kwargs). NOTE: parallel lists, not a tuple per event: the kwargs dict of ints and strings is
+# untracked by the cyclic GC, a tuple holding it is not, and thousands of tracked survivors
+# would trigger full collections of the engine's whole heap.
+PendingLists = tuple[list[int], list[int], list[str], list[dict[str, Any]]]
+
+_monotonic_ns = time.monotonic_ns
+_ALLOWED: Final[dict[str, frozenset[str]]] = {ev: frozenset(f) for ev, f in EVENTS.items()}
+_FIELD_COLUMNS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
+_MAX_ERROR_SAMPLES: Final[int] = 10
+_RUN_STARTED_FACTS: Final[tuple[str, ...]] = (
+    "runtime", "runtime_version", "model", "block_size", "num_blocks", "usable_blocks", "policy")
+
+
+# -- column-wise conversion (pure functions, run on the writer thread) ------------------------
+
+def _kind(typ: pa.DataType) -> str:
+    if pa.types.is_integer(typ):
+        return "int"
+    if pa.types.is_floating(typ):
+        return "float"
+    if pa.types.is_list(typ):
+        return "list"
+    return "str"
+
+
+_KINDS: Final[dict[str, str]] = {name: _kind(typ) for name, typ in COLUMNS.items()}
+_type_ok_cache: dict[tuple[str, type], bool] = {}
+
+
+def _type_ok(kind: str, typ: type) -> bool:
+    """Whether a Python value of type ``typ`` may go into a column of ``kind``.
+
+    NOTE: stricter than ``pa.array`` (which silently truncates 1.5 into an int column, takes
+    bytes for strings and splits a str into a list): a value pyarrow would mangle is refused.
+    numpy scalars are accepted (the engine may hand them in).
+    """
+    key = (kind, typ)
+    ok = _type_ok_cache.get(key)
+    if ok is None:
+        if typ is type(None):
+            ok = True
+        elif issubclass(typ, bool):
+            ok = False
+        elif kind == "int":
+            ok = issubclass(typ, numbers.Integral)
+        elif kind == "float":
+            ok = issubclass(typ, numbers.Real)
+        elif kind == "list":
+            ok = typ in (list, tuple)
+        else:
+            ok = issubclass(typ, str)
+        _type_ok_cache[key] = ok
+    return ok
+
+
+def value_problem(name: str, value: Any) -> str | None:
+    """Describe why ``value`` cannot go into column ``name``, or None if it can."""
+    kind = _KINDS[name]
+    if not _type_ok(kind, type(value)):
+        return f"field '{name}' has wrong type {type(value).__name__}"
+    if kind == "list" and value is not None and not all(isinstance(x, str) for x in value):
+        return f"field '{name}' must be a list of strings"
+    try:
+        pa.array([value], COLUMNS[name])
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+        return f"field '{name}' value {value!r} does not fit {COLUMNS[name]}: {exc}"
+    return None
+
+
+def event_problem(event: Any, fields: dict[str, Any]) -> str | None:
+    """Describe why one pending event cannot be written, or None if it can."""
+    allowed = _ALLOWED.get(event) if isinstance(event, str) else None
+    if allowed is None:
+        return f"unknown event {event!r}"
+    for name, value in fields.items():
+        if name not in allowed:
+            return f"field '{name}' does not belong to event '{event}'"
+        problem = value_problem(name, value)
+        if problem:
+            return f"event '{event}': {problem}"
+    return None
+
+
+def _column_array(name: str, values: list[Any]) -> pa.Array:
+    kind = _KINDS[name]
+    for typ in set(map(type, values)):  # NOTE: a handful of distinct types: cheap
+        if not _type_ok(kind, typ):
+            raise TypeError(f"field '{name}' has wrong type {typ.__name__}")
+    if kind == "list":
+        for v in values:
+            if v is not None and not all(isinstance(x, str) for x in v):
+                raise TypeError(f"field '{name}' must be a list of strings")
+    return pa.array(values, COLUMNS[name])
+
+
+def build_batch(seqs: list[int], ts: list[int], events: list[str],
+                run_ids: str | list[str], columns: dict[str, list[Any]]) -> pa.RecordBatch:
+    """Build one ``ARROW_SCHEMA`` batch from column lists (missing columns are all null).
+
+    ``run_ids`` is one id for every row (the recorder) or one per row (importers).
+    Raises (TypeError, ArrowException, OverflowError, ...) if a value does not fit its column.
+    """
+    n = len(seqs)
+    if isinstance(run_ids, str):
+        run_col = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()),
+                                                 pa.array([run_ids], pa.string()))
+    else:
+        run_col = pa.array(run_ids, COLUMNS["run_id"])
+    arrays: list[pa.Array] = [run_col, pa.array(seqs, pa.int64()), pa.array(ts, pa.int64()),
+                              pa.array(events, COLUMNS["event"])]
+    for name in _FIELD_COLUMNS:
+        values = columns.get(name)
+        arrays.append(pa.nulls(n, COLUMNS[name]) if values is None
+                      else _column_array(name, values))
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def pending_to_batch(pending: PendingLists, run_id: str) -> pa.RecordBatch:
+    """Convert pending events column-wise into a batch; raises if any event is bad.
+
+    NOTE: the fast path checks each distinct (event, field names) combination once and value
+    types per column, so its Python work is a few C-level passes over the lists; the caller
+    falls back to ``event_problem`` per event only when this raises.
+    """
+    seqs, ts, events, field_dicts = pending
+    for event, names in set(zip(events, map(tuple, field_dicts))):
+        allowed = _ALLOWED.get(event)
+        if allowed is None:
+            raise KeyError(f"unknown event {event!r}")
+        if not allowed.issuperset(names):
+            raise KeyError(f"event {event!r} has fields it may not carry")
+    used = set().union(*field_dicts)
+    columns = {name: [f.get(name) for f in field_dicts] for name in used}
+    return build_batch(seqs, ts, events, run_id, columns)
+
+
+def _slice(pending: PendingLists, start: int, stop: int) -> PendingLists:
+    return (pending[0][start:stop], pending[1][start:stop], pending[2][start:stop],
+            pending[3][start:stop])
+
+
+def _spans(seqs: list[int]) -> list[tuple[int, int]]:
+    """Group sorted seqs into runs of consecutive integers: [3,4,5,9] -> [(3,5),(9,9)]."""
+    spans: list[tuple[int, int]] = []
+    for s in seqs:
+        if spans and spans[-1][1] == s - 1:
+            spans[-1] = (spans[-1][0], s)
+        else:
+            spans.append((s, s))
+    return spans
+
+
+# -- the buffer -------------------------------------------------------------------------------
+
+class _State:
+    """The buffer's mutable counters, shared by the ``emit`` closure and the writer thread.
+
+    NOTE: every field is read and written under ``EventBuffer._lock``. ``limit`` folds three
+    conditions into the one comparison the hot path makes: it is ``capacity - inflight`` while
+    the buffer is open and no gap is pending, and -1 otherwise (closed, or a gap to emit), so
+    every emit then takes the slow path.
+    """
+
+    __slots__ = ("next_seq", "limit", "capacity", "inflight", "gap_first", "gap_last",
+                 "dropped", "closed", "after_close")
+
+    def __init__(self, capacity: int) -> None:
+        self.next_seq = 0
+        self.capacity = capacity
+        self.inflight = 0          # taken from pending, not yet written
+        self.limit = capacity
+        self.gap_first: int | None = None  # first dropped seq not yet covered by a gap
+        self.gap_last = 0
+        self.dropped = 0
+        self.closed = False
+        self.after_close = 0       # emits ignored after close (no seq consumed)
+
+    def update_limit(self) -> None:
+        self.limit = (-1 if self.closed or self.gap_first is not None
+                      else self.capacity - self.inflight)
+
+
+class EventBuffer:
+    """Buffer events in memory and write them in the background through a ``RunWriter``.
+
+    The constructor emits ``run_started`` (seq 0) from the writer's run facts, unless
+    ``emit_run_started`` is False (then the caller's first event is seq 0); ``close()`` emits
+    ``run_finished`` and finishes the run directory. ``close()`` is also registered with
+    ``atexit``.
+    """
+
+    def __init__(self, writer: RunWriter, run_id: str, *, capacity: int = 1_000_000,
+                 flush_interval_s: float = 0.2, batch_events: int = 65536,
+                 emit_run_started: bool = True) -> None:
+        if run_id != writer.run_id:
+            raise InputError(f"run_id {run_id!r} differs from the writer's {writer.run_id!r}")
+        if capacity < 1 or batch_events < 1 or flush_interval_s <= 0:
+            raise InputError("capacity and batch_events must be >= 1, flush_interval_s > 0")
+        self.writer = writer
+        self.run_id = run_id
+        self._batch_events = int(batch_events)
+        self._flush_interval_s = float(flush_interval_s)
+        self._lock = threading.Lock()          # guards the pending lists and _state
+        self._write_lock = threading.Lock()    # serialises drains (thread, flush, close)
+        self._close_lock = threading.Lock()
+        self._state = _State(int(capacity))
+        # NOTE: the pending lists are never replaced (drains copy and clear them), so the hot
+        # path can hold their bound append methods.
+        self._p_seq: list[int] = []
+        self._p_ts: list[int] = []
+        self._p_ev: list[str] = []
+        self._p_fields: list[dict[str, Any]] = []
+        self._errors = 0
+        self._error_samples: list[str] = []
+        self._pid = os.getpid()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        # NOTE: the instance attribute shadows the documented method below: a closure over
+        # locals costs about a third less per call than a method reading self.* attributes.
+        self.emit = self._make_emit()  # type: ignore[method-assign]
+        if emit_run_started:
+            self.emit("run_started", **self._run_started_fields())
+        self._thread = threading.Thread(target=self._run, name=f"kvclaims-recorder-{run_id}",
+                                        daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _disable_in_child(ref))
+
+    # -- hot path ----------------------------------------------------------------------------
+    def emit(self, event: str, **fields: Any) -> None:
+        """Record one event. Never raises, never waits for I/O.
+
+        ``fields`` are the event's fields (DESIGN.md §3); they are validated later on the
+        writer thread, and an invalid event is replaced by a ``recorder_gap``.
+        """
+        self._make_emit()(event, **fields)  # pragma: no cover - shadowed per instance
+
+    def _make_emit(self) -> Any:
+        lock = self._lock
+        state = self._state
+        seqs = self._p_seq
+        add_seq, add_ts = seqs.append, self._p_ts.append
+        add_ev, add_fields = self._p_ev.append, self._p_fields.append
+        wake_at = self._batch_events - 1
+        wake = self._wake.set
+        slow = self._emit_slow
+        note_error = self._note_error
+        clock = _monotonic_ns
+
+        def emit(event: str, **fields: Any) -> None:
+            """Record one event. Never raises, never waits for I/O."""
+            try:
+                ts = clock()
+                with lock:
+                    n = len(seqs)
+                    if n >= state.limit:
+                        slow(ts, event, fields)
+                        return
+                    seq = state.next_seq
+                    state.next_seq = seq + 1
+                    add_seq(seq)
+                    add_ts(ts)
+                    add_ev(event)
+                    add_fields(fields)
+                    if n == wake_at:
+                        wake()
+            except Exception as exc:  # NOTE: the engine must never see a recorder failure
+                note_error(f"emit: {exc!r}")
+
+        return emit
+
+    def _emit_slow(self, ts: int, event: str, fields: dict[str, Any]) -> None:
+        """Closed, full, or a gap to write first. Caller holds _lock."""
+        st = self._state
+        if st.closed:
+            st.after_close += 1
+            return
+        seq = st.next_seq
+        if len(self._p_seq) + st.inflight >= st.capacity:
+            # NOTE: the dropped event still consumes its seq, so the gap is exact.
+            st.next_seq = seq + 1
+            if st.gap_first is None:
+                st.gap_first = seq
+                st.update_limit()
+            st.gap_last = seq
+            st.dropped += 1
+            return
+        if st.gap_first is not None:
+            seq = self._append_gap(seq, ts)
+        st.next_seq = seq + 1
+        self._append(seq, ts, event, fields)
+        if len(self._p_seq) >= self._batch_events:
+            self._wake.set()
+
+    # -- public control ----------------------------------------------------------------------
+    @property
+    def events_dropped(self) -> int:
+        """Events dropped so far (overflow, invalid events, failed writes)."""
+        return self._state.dropped
+
+    @property
+    def recorder_errors(self) -> int:
+        """Internal errors caught so far."""
+        return self._errors
+
+    @property
+    def events_after_close(self) -> int:
+        """Emits ignored because the buffer was closed (they consume no seq)."""
+        return self._state.after_close
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` has run."""
+        return self._state.closed
+
+    def flush(self) -> None:
+        """Write every event emitted so far, synchronously (tests, shutdown). Never raises."""
+        self._drain()
+
+    def close(self) -> None:
+        """Flush, emit ``run_finished``, write the final manifest (``complete: true``).
+
+        Idempotent; never raises. A process forked after construction does nothing here (the
+        run belongs to the parent).
+        """
+        with self._close_lock:
+            if self._state.closed or os.getpid() != self._pid:
+                return
+            try:
+                self._stop.set()
+                self._wake.set()
+                if self._thread.is_alive() and self._thread is not threading.current_thread():
+                    self._thread.join(timeout=30.0)
+                self._finish()
+            except Exception as exc:
+                self._note_error(f"close: {exc!r}")
+                with self._lock:
+                    self._state.closed = True
+                    self._state.update_limit()
+            try:
+                self._push_counters()
+                self.writer.close()
+            except Exception as exc:
+                self._note_error(f"close: {exc!r}")
+            try:
+                atexit.unregister(self.close)
+            except Exception:  # pragma: no cover - atexit.unregister does not raise in practice
+                pass
+
+    def __enter__(self) -> EventBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- pending lists (callers hold _lock) ---------------------------------------------------
+    def _append(self, seq: int, ts: int, event: str, fields: dict[str, Any]) -> None:
+        self._p_seq.append(seq)
+        self._p_ts.append(ts)
+        self._p_ev.append(event)
+        self._p_fields.append(fields)
+
+    def _append_gap(self, seq: int, ts: int) -> int:
+        """Append the gap covering the dropped span at ``seq``; return the next free seq."""
+        st = self._state
+        first = st.gap_first
+        assert first is not None
+        self._append(seq, ts, "recorder_gap", {
+            "first_seq": first, "last_seq": st.gap_last,
+            "events_dropped": st.gap_last - first + 1, "reason": "buffer_full"})
+        st.gap_first = None
+        st.update_limit()
+        return seq + 1
+
+    def _take_pending(self) -> PendingLists:
+        taken = (self._p_seq[:], self._p_ts[:], self._p_ev[:], self._p_fields[:])
+        for lst in (self._p_seq, self._p_ts, self._p_ev, self._p_fields):
+            lst.clear()
+        return taken
+
+    # -- writer thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._flush_interval_s)
+            self._wake.clear()
+            self._drain()
+
+    def _finish(self) -> None:
+        """Drain, then append ``run_finished`` as the very last event and drain again."""
+        for _ in range(10):  # NOTE: converges: recorder gaps written by a drain are valid
+            self._drain()
+            with self._lock:
+                if self._p_seq:
+                    continue
+                self._append_run_finished(self.writer.events_written)
+                break
+        else:  # a concurrent emitter kept the buffer busy: finish anyway
+            with self._lock:
+                self._append_run_finished(self.writer.events_written + len(self._p_seq))
+        self._drain()
+
+    def _append_run_finished(self, written_before: int) -> None:
+        """Append run_finished (after a pending gap) and stop accepting; caller holds _lock."""
+        st = self._state
+        seq = st.next_seq
+        ts = _monotonic_ns()
+        if st.gap_first is not None:
+            seq = self._append_gap(seq, ts)
+            written_before += 1
+        # NOTE: counts include run_finished itself, so count(*) == events_written for a
+        # complete run; dropped is final: nothing after run_finished can be dropped.
+        self._append(seq, ts, "run_finished", {
+            "events_written": written_before + 1, "events_dropped": st.dropped})
+        st.next_seq = seq + 1
+        st.closed = True
+        st.update_limit()
+
+    def _drain(self) -> None:
+        """Convert and write everything pending. Never raises.
+
+        NOTE: two passes: the second writes the gaps the first one produced (invalid events,
+        failed writes). Never loop until empty: a writer that keeps failing produces a new gap
+        per pass, and the drain must end.
+        """
+        try:
+            with self._write_lock:
+                for _pass in range(2):
+                    with self._lock:
+                        if not self._p_seq:
+                            break
+                        taken = self._take_pending()
+                        self._set_inflight(len(taken[0]))
+                    try:
+                        total = len(taken[0])
+                        for start in range(0, total, self._batch_events):
+                            stop = min(start + self._batch_events, total)
+                            self._write_chunk(_slice(taken, start, stop))
+                            with self._lock:
+                                self._set_inflight(total - stop)
+                    finally:
+                        with self._lock:
+                            self._set_inflight(0)
+                self.writer.maybe_rotate()
+                self._push_counters()
+        except Exception as exc:
+            self._note_error(f"drain: {exc!r}")
+
+    def _set_inflight(self, n: int) -> None:
+        self._state.inflight = n
+        self._state.update_limit()
+
+    def _write_chunk(self, chunk: PendingLists) -> None:
+        try:
+            batch = pending_to_batch(chunk, self.run_id)
+        except Exception:
+            chunk = self._drop_invalid(chunk)
+            if not chunk[0]:
+                return
+            try:
+                batch = pending_to_batch(chunk, self.run_id)
+            except Exception as exc:  # pragma: no cover - event_problem should have caught it
+                self._lose(chunk, "invalid_event", f"convert: {exc!r}")
+                return
+        try:
+            self.writer.write_batch(batch)
+        except Exception as exc:
+            self._lose(chunk, "write_failed", f"write: {exc!r}")
+
+    def _drop_invalid(self, chunk: PendingLists) -> PendingLists:
+        """Keep the valid events; each run of consecutive bad seqs becomes one gap."""
+        keep = []
+        bad: list[int] = []
+        seqs, ts, events, field_dicts = chunk
+        for i, (event, fields) in enumerate(zip(events, field_dicts)):
+            problem = event_problem(event, fields)
+            if problem is None:
+                keep.append(i)
+            else:
+                bad.append(seqs[i])
+                self._note_error(f"seq {seqs[i]}: {problem}")
+        self._count_dropped(len(bad))
+        for first, last in _spans(bad):
+            self.emit("recorder_gap", first_seq=first, last_seq=last,
+                      events_dropped=last - first + 1, reason="invalid_event")
+        return ([seqs[i] for i in keep], [ts[i] for i in keep],
+                [events[i] for i in keep], [field_dicts[i] for i in keep])
+
+    def _lose(self, chunk: PendingLists, reason: str, message: str) -> None:
+        """A chunk could not be written: count it and cover its seq span with a gap."""
+        self._note_error(message)
+        seqs = chunk[0]
+        self._count_dropped(len(seqs))
+        self.emit("recorder_gap", first_seq=seqs[0], last_seq=seqs[-1],
+                  events_dropped=len(seqs), reason=reason)
+
+    def _count_dropped(self, n: int) -> None:
+        with self._lock:
+            self._state.dropped += n
+
+    def _note_error(self, message: str) -> None:
+        """Count one internal error and keep the first few messages for the manifest."""
+        try:
+            self._errors += 1
+            if len(self._error_samples) < _MAX_ERROR_SAMPLES:
+                self._error_samples.append(message[:500])
+        except Exception:  # pragma: no cover - nothing left to report to
+            pass
+
+    def _push_counters(self) -> None:
+        self.writer.set_counters(events_dropped=self._state.dropped,
+                                 recorder_errors=self._errors)
+        if self._error_samples:
+            self.writer.set_extra("recorder_error_samples", list(self._error_samples))
+
+    def _run_started_fields(self) -> dict[str, Any]:
+        info = self.writer.run_info
+        fields = {k: info.get(k) for k in _RUN_STARTED_FACTS}
+        fields.update(schema_version=SCHEMA_VERSION, recorder_version=RECORDER_VERSION)
+        return fields
+
+
+def _disable_in_child(ref: weakref.ReferenceType[EventBuffer]) -> None:
+    """After fork: the child must not write into the parent's run (it has no writer thread).
+
+    NOTE: callers may hold the emit closure itself (``self.emit = buffer.emit``), so the closure
+    must keep working in the child: the buffer is marked closed (every emit takes the slow path
+    and is ignored), and the lock is released if the parent's writer thread held it at fork time
+    (that thread does not exist in the child, so nobody else would ever release it).
+    """
+    buf = ref()
+    if buf is None:
+        return
+    if buf._lock.locked():
+        buf._lock.release()
+    buf._state.closed = True
+    buf._state.limit = -1
