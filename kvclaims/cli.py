@@ -1,7 +1,7 @@
 """The ``kvclaims`` command line: a thin facade over the product's parts.
 
 Each part registers its own subcommands, so this file only wires them together:
-``recorder.commands`` (record, sweep), ``reconstruct.io_commands`` (import, export) and
+``kvclaims.recording`` (record, sweep: they compose recorder and reconstructor), ``reconstruct.io_commands`` (import, export) and
 ``reconstruct.commands`` (reconstruct, conformance).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from recorder.schema import InputError
 
-_PARTS = ("recorder.commands", "reconstruct.io_commands", "reconstruct.commands")
+_PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:
