@@ -1,1 +1,20 @@
-"""kvclaims reconstruct."""
+"""kvclaims reconstruct: offline replay of traces into labelled losses and outcomes.
+
+Facade: ``reconstruct.reconstruct(trace) -> Tables`` (see ``reconstruct.core``); the rules are
+in docs/reconstruction.md. Imported lazily so that ``reconstruct.loader`` users do not pay for
+DuckDB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["reconstruct", "reconstruct_paths", "Tables", "TABLE_NAMES", "load_jsonl"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from reconstruct import core
+
+        return getattr(core, name)
+    raise AttributeError(name)

@@ -103,7 +103,7 @@ class KVClaimsScheduler(Scheduler):
             "runtime_version": getattr(vllm, "__version__", "unknown"), "model": model,
             "block_size": int(vllm_config.cache_config.block_size),
             "num_blocks": int(self.num_blocks), "usable_blocks": int(self.usable_blocks),
-            "policy": self.policy.name,
+            "policy": self.policy.name, "hardware": describe_hardware(),
             "enforcement": {"policy": self.policy.summary,
                             "modes": MODE_ENFORCEMENT if self.policy.enforce else
                             {m: "recorded only (policy does not enforce)" for m in
@@ -235,6 +235,28 @@ class KVClaimsScheduler(Scheduler):
         finally:
             if self.events is not None:
                 self.events.close()
+
+
+def describe_hardware() -> dict[str, Any]:
+    """What the engine ran on, for the manifest (CPU model, core count, accelerator if any)."""
+    import platform
+
+    info: dict[str, Any] = {"machine": platform.machine(), "cpu_count": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f
+                                if ln.startswith("model name")), platform.processor())
+    except OSError:
+        info["cpu"] = platform.processor()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["accelerator"] = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - hardware facts are best effort
+        pass
+    info.setdefault("accelerator", "none (CPU backend)")
+    return info
 
 
 def _discard(event: str, **fields: Any) -> None:

@@ -1,0 +1,39 @@
+-- tenant_explanations: one plain-language sentence per claim that lost blocks because it was
+-- harmed, relaxed (demoted or released) or expired: what a tenant is told, with the evidence.
+-- Needs the reconstructed tables `claims` and `loss_claims`.
+CREATE OR REPLACE VIEW tenant_explanations AS
+SELECT
+    -- the run the claim belongs to
+    c.run_id,
+    -- the tenant the sentence is for
+    c.tenant,
+    -- the claim it explains
+    c.claim_id,
+    -- the claim's outcome: harmed | demoted | expired | released
+    c.outcome,
+    -- the sentence
+    CASE c.outcome
+        WHEN 'harmed' THEN format(
+            'Your claim {} was accepted (seq {}) and materialized (seq {}), but block loss at '
+            'seq {} by request {} broke it while it was still in force: {} block(s) lost as '
+            'harm, value lost {}.', c.claim_id, c.accepted_seq, c.materialized_seq,
+            c.first_harm_seq, coalesce(c.first_harm_by_request_id, 'unknown'),
+            c.blocks_lost_harm, c.value_lost)
+        WHEN 'demoted' THEN format(
+            'Your claim {} was demoted at seq {} to make room for other work; {} of its blocks '
+            'were lost afterwards as ordinary cache entries (relaxation), not as a broken '
+            'promise.', c.claim_id, c.release_seq, c.blocks_lost_relaxation)
+        WHEN 'released' THEN format(
+            'Your claim {} was released at seq {}; {} of its blocks were lost afterwards '
+            '(relaxation).', c.claim_id, c.release_seq, c.blocks_lost_relaxation)
+        WHEN 'expired' THEN format(
+            'Your claim {} expired at seq {} after its ttl of {} s; {} of its blocks were lost '
+            'afterwards (expiry).', c.claim_id, c.release_seq, c.ttl_s, c.blocks_lost_expiry)
+    END AS explanation,
+    -- seqs that prove the sentence: acceptance, release or first harm
+    [v FOR v IN [c.accepted_seq, c.materialized_seq, c.release_seq, c.first_harm_seq]
+     IF v IS NOT NULL] AS evidence_seqs
+FROM claims c
+WHERE c.outcome IN ('harmed', 'demoted', 'released', 'expired')
+  AND (c.blocks_lost_harm + c.blocks_lost_relaxation + c.blocks_lost_expiry) > 0
+ORDER BY c.run_id, c.tenant, c.claim_id;

@@ -1,0 +1,38 @@
+-- Stage 1: one row per run with the facts every later stage needs.
+-- Inputs: view `events` (loader schema, plain strings), table `kv_manifest`
+-- (run_id, policy, usable_blocks, truncated) and table `kv_policies` (policy, enforce),
+-- table `kv_holes` (run_id, hole_seq): the first seq missing without a recorder_gap.
+CREATE OR REPLACE TEMP TABLE kv_runs AS
+WITH ev_runs AS (
+    SELECT
+        run_id,
+        min(seq) AS first_seq,
+        max(seq) AS last_seq,
+        count(*) AS n_events,
+        arg_min(policy, seq) FILTER (WHERE event = 'run_started') AS started_policy,
+        arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
+        -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
+        min(least(seq, first_seq)) FILTER (WHERE event = 'recorder_gap') AS gap_seq,
+        count(*) FILTER (WHERE event = 'recorder_gap') AS n_gaps,
+        count(*) FILTER (WHERE event = 'run_finished') > 0 AS finished,
+        max(events_written) FILTER (WHERE event = 'run_finished') AS events_written,
+        max(events_dropped) FILTER (WHERE event = 'run_finished') AS events_dropped
+    FROM events
+    GROUP BY run_id
+)
+SELECT
+    r.run_id, r.first_seq, r.last_seq, r.n_events, r.n_gaps, r.finished,
+    r.events_written, r.events_dropped, r.gap_seq, h.hole_seq,
+    coalesce(r.started_policy, m.policy) AS policy,
+    coalesce(r.started_usable, m.usable_blocks) AS usable_blocks,
+    coalesce(m.truncated, false) AS truncated,
+    coalesce(p.enforce, false) AS enforcing,
+    -- Every loss at or after this seq is `unknown` (DESIGN §4: never guess after a hole).
+    least(r.gap_seq, h.hole_seq) AS unknown_from_seq,
+    -- Whether anything after the last event we hold could still change an outcome.
+    (coalesce(m.truncated, false) OR r.gap_seq IS NOT NULL OR h.hole_seq IS NOT NULL)
+        AS has_hole
+FROM ev_runs r
+LEFT JOIN kv_manifest m USING (run_id)
+LEFT JOIN kv_holes h USING (run_id)
+LEFT JOIN kv_policies p ON p.policy = coalesce(r.started_policy, m.policy);

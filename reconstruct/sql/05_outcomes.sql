@@ -1,0 +1,140 @@
+-- Stage 5: final outcome per claim, outcome per request, feasibility per admission decision.
+
+CREATE OR REPLACE TABLE claims AS
+WITH lost AS (
+    SELECT run_id, claim_id,
+           count(*) FILTER (WHERE label = 'harm') AS blocks_lost_harm,
+           count(*) FILTER (WHERE label = 'expiry') AS blocks_lost_expiry,
+           count(*) FILTER (WHERE label = 'relaxation') AS blocks_lost_relaxation,
+           count(*) FILTER (WHERE label = 'eviction') AS blocks_lost_eviction,
+           count(*) FILTER (WHERE label = 'unknown') AS blocks_lost_unknown,
+           min(seq) FILTER (WHERE label = 'harm') AS first_harm_seq,
+           arg_min(ts_ns, seq) FILTER (WHERE label = 'harm') AS first_harm_ts_ns,
+           arg_min(by_request_id, seq) FILTER (WHERE label = 'harm') AS first_harm_by_request_id
+    FROM loss_claims
+    GROUP BY run_id, claim_id
+), o AS (
+    SELECT
+        f.run_id, f.claim_id, f.tenant, f.request_id, f.protection_mode,
+        f.k AS threshold_blocks, f.ttl_s, f.value, f.positions_bound,
+        f.submitted_seq, f.accepted_seq, f.rejected_seq, f.reject_reason,
+        m.materialized_seq, f.reported_materialized_seq,
+        f.release_seq, f.release_event, f.reported_harm_seq,
+        coalesce(l.blocks_lost_harm, 0) AS blocks_lost_harm,
+        coalesce(l.blocks_lost_expiry, 0) AS blocks_lost_expiry,
+        coalesce(l.blocks_lost_relaxation, 0) AS blocks_lost_relaxation,
+        coalesce(l.blocks_lost_eviction, 0) AS blocks_lost_eviction,
+        coalesce(l.blocks_lost_unknown, 0) AS blocks_lost_unknown,
+        l.first_harm_seq, l.first_harm_ts_ns, l.first_harm_by_request_id,
+        CASE
+            WHEN f.submitted_seq IS NULL THEN 'unknown'
+            WHEN f.accepted_seq IS NULL AND f.rejected_seq IS NOT NULL THEN 'rejected'
+            WHEN f.accepted_seq IS NULL THEN 'unknown'         -- submitted, never decided
+            WHEN l.first_harm_seq IS NOT NULL THEN 'harmed'    -- final: harm is never undone
+            WHEN coalesce(l.blocks_lost_unknown, 0) > 0 THEN 'unknown'
+            -- a release is final; one before any hole is known
+            WHEN f.release_seq IS NOT NULL AND f.release_seq < coalesce(r.unknown_from_seq, f.release_seq + 1)
+                THEN CASE f.release_event WHEN 'claim_demoted' THEN 'demoted'
+                                          WHEN 'claim_expired' THEN 'expired'
+                                          ELSE 'released' END
+            -- anything else could still change behind a gap or after a truncation
+            WHEN r.has_hole THEN 'unknown'
+            WHEN m.materialized_seq IS NOT NULL THEN 'preserved'
+            ELSE 'never_materialized'
+        END AS outcome
+    FROM kv_claim_facts f
+    JOIN kv_runs r ON r.run_id = f.run_id
+    LEFT JOIN kv_materialized m ON m.run_id = f.run_id AND m.claim_id = f.claim_id
+    LEFT JOIN lost l ON l.run_id = f.run_id AND l.claim_id = f.claim_id
+)
+SELECT
+    run_id, claim_id, outcome, tenant, request_id, protection_mode, threshold_blocks, ttl_s,
+    value,
+    -- NOTE: value is all-or-nothing: a harmed claim loses all of it
+    CASE outcome WHEN 'harmed' THEN value WHEN 'unknown' THEN NULL ELSE 0.0 END AS value_lost,
+    first_harm_seq, first_harm_ts_ns, first_harm_by_request_id,
+    blocks_lost_harm, blocks_lost_expiry, blocks_lost_relaxation, blocks_lost_eviction,
+    blocks_lost_unknown,
+    submitted_seq, accepted_seq, rejected_seq, reject_reason, materialized_seq,
+    reported_materialized_seq, release_seq, release_event, reported_harm_seq, positions_bound
+FROM o
+ORDER BY run_id, claim_id;
+
+CREATE OR REPLACE TABLE requests AS
+WITH a AS (
+    SELECT
+        run_id, request_id,
+        min(seq) FILTER (WHERE event = 'request_arrived') AS arrived_seq,
+        arg_min(tenant, seq) FILTER (WHERE event = 'request_arrived') AS tenant,
+        arg_min(claim_id, seq) FILTER (WHERE event = 'request_arrived') AS claim_id,
+        arg_min(num_prompt_tokens, seq) FILTER (WHERE event = 'request_arrived')
+            AS num_prompt_tokens,
+        min(seq) FILTER (WHERE event = 'request_admitted') AS admitted_seq,
+        count(*) FILTER (WHERE event = 'request_deferred') AS deferrals,
+        min(seq) FILTER (WHERE event = 'request_deferred') AS first_deferred_seq,
+        min(seq) FILTER (WHERE event = 'request_refused') AS refused_seq,
+        arg_min(blocking_claim_ids, seq) FILTER (WHERE event = 'request_refused')
+            AS blocking_claim_ids,
+        arg_min(shortfall_blocks, seq) FILTER (WHERE event = 'request_refused')
+            AS shortfall_blocks,
+        arg_min(reason, seq) FILTER (WHERE event = 'request_refused') AS refusal_reason,
+        count(*) FILTER (WHERE event = 'request_preempted') AS preemptions,
+        max(seq) FILTER (WHERE event = 'request_preempted') AS last_preempted_seq,
+        max(seq) FILTER (WHERE event = 'request_finished') AS finished_seq,
+        arg_max(finish_reason, seq) FILTER (WHERE event = 'request_finished') AS finish_reason,
+        arg_max(num_cached_tokens, seq) FILTER (WHERE event = 'request_finished')
+            AS num_cached_tokens,
+        arg_max(num_output_tokens, seq) FILTER (WHERE event = 'request_finished')
+            AS num_output_tokens,
+        min(seq) FILTER (WHERE event = 'reuse_denied') AS reuse_denied_seq,
+        count(*) FILTER (WHERE event = 'block_allocated') AS blocks_allocated,
+        count(*) FILTER (WHERE event = 'block_cached') AS blocks_cached,
+        count(*) FILTER (WHERE event = 'block_hit') AS blocks_hit
+    FROM events
+    WHERE request_id IS NOT NULL
+      AND event IN ('request_arrived', 'request_admitted', 'request_deferred',
+                    'request_refused', 'request_preempted', 'request_finished',
+                    'reuse_denied', 'block_allocated', 'block_cached', 'block_hit')
+    GROUP BY run_id, request_id
+)
+SELECT
+    a.run_id, a.request_id,
+    CASE
+        WHEN a.refused_seq IS NOT NULL THEN 'refused'
+        WHEN a.finished_seq IS NOT NULL
+             AND a.finish_reason IN ('abort', 'aborted', 'error', 'cancelled') THEN 'aborted'
+        WHEN a.finished_seq IS NOT NULL AND a.deferrals > 0 THEN 'deferred_then_served'
+        WHEN a.finished_seq IS NOT NULL THEN 'served'
+        -- NOTE: a request that has not finished may still finish behind a hole
+        WHEN r.has_hole THEN 'unknown'
+        WHEN a.preemptions > 0 THEN 'preempted'
+        ELSE 'unknown'
+    END AS outcome,
+    a.tenant, a.claim_id, a.num_prompt_tokens, a.arrived_seq, a.admitted_seq, a.deferrals,
+    a.first_deferred_seq, a.refused_seq, a.blocking_claim_ids, a.shortfall_blocks,
+    a.refusal_reason, a.preemptions, a.last_preempted_seq, a.finished_seq, a.finish_reason,
+    a.num_cached_tokens, a.num_output_tokens, a.reuse_denied_seq IS NOT NULL AS reuse_denied,
+    a.reuse_denied_seq, a.blocks_allocated, a.blocks_cached, a.blocks_hit
+FROM a
+JOIN kv_runs r ON r.run_id = a.run_id
+ORDER BY a.run_id, coalesce(a.arrived_seq, a.admitted_seq, a.refused_seq), a.request_id;
+
+CREATE OR REPLACE TABLE feasibility AS
+SELECT
+    e.run_id, e.seq, e.ts_ns, e.request_id,
+    replace(e.event, 'request_', '') AS decision,
+    e.protected_blocks, e.blocks_required,
+    coalesce(e.usable_blocks, r.usable_blocks) AS usable_blocks,
+    e.free_blocks,
+    e.protected_blocks + e.blocks_required AS demand_blocks,
+    greatest(0, e.protected_blocks + e.blocks_required
+                - coalesce(e.usable_blocks, r.usable_blocks)) AS shortfall_blocks,
+    e.shortfall_blocks AS reported_shortfall_blocks,
+    -- NOTE: DESIGN §1: protected + required <= usable, else something must give
+    e.protected_blocks + e.blocks_required <= coalesce(e.usable_blocks, r.usable_blocks)
+        AS feasible,
+    e.blocking_claim_ids, r.policy, r.enforcing
+FROM events e
+JOIN kv_runs r ON r.run_id = e.run_id
+WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
+ORDER BY e.run_id, e.seq;

@@ -1,0 +1,201 @@
+-- Stage 6: findings. Every hole in the evidence, every disagreement between the runtime's own
+-- reports and the reconstruction, every invariant violation and every trace anomaly, each
+-- with the seq numbers involved. severity: hole | disagreement | violation | anomaly.
+
+CREATE OR REPLACE TABLE findings AS
+WITH f AS (
+    -- holes ---------------------------------------------------------------------------------
+    SELECT run_id, 'recorder_gap' AS kind, 'hole' AS severity, seq,
+           [seq, first_seq, last_seq] AS seqs, NULL AS claim_id, NULL AS request_id,
+           NULL::UBIGINT AS block_hash,
+           format('recorder dropped {} events (seq {}..{}): every loss from seq {} on is unknown',
+                  coalesce(events_dropped::VARCHAR, '?'), coalesce(first_seq::VARCHAR, '?'),
+                  coalesce(last_seq::VARCHAR, '?'), least(seq, first_seq)) AS detail
+    FROM events WHERE event = 'recorder_gap'
+    UNION ALL
+    SELECT run_id, 'seq_hole', 'hole', hole_seq, [hole_seq], NULL, NULL, NULL,
+           format('seq {} is missing and no recorder_gap covers it', hole_seq)
+    FROM kv_runs WHERE hole_seq IS NOT NULL AND (gap_seq IS NULL OR hole_seq < gap_seq)
+    UNION ALL
+    SELECT run_id, 'truncated', 'hole', last_seq, [last_seq], NULL, NULL, NULL,
+           format('the run''s last segment is truncated after seq {}: outcomes that could '
+                  'still change are unknown', last_seq)
+    FROM kv_runs WHERE truncated
+
+    -- runtime reports vs reconstruction ------------------------------------------------------
+    UNION ALL
+    SELECT c.run_id, 'harm_not_reported', 'disagreement', c.first_harm_seq,
+           [c.first_harm_seq], c.claim_id, NULL, NULL,
+           format('claim {} was harmed at seq {} (reconstructed) but the runtime reported no '
+                  'claim_harmed', c.claim_id, c.first_harm_seq)
+    FROM claims c WHERE c.outcome = 'harmed' AND c.reported_harm_seq IS NULL
+    UNION ALL
+    SELECT f.run_id, 'harm_reported_not_reconstructed', 'disagreement', f.reported_harm_seq,
+           [f.reported_harm_seq], f.claim_id, NULL, NULL,
+           format('the runtime reported claim_harmed for {} at seq {}, the trace shows no harm',
+                  f.claim_id, f.reported_harm_seq)
+    FROM claims f JOIN kv_runs r USING (run_id)
+    WHERE f.reported_harm_seq IS NOT NULL AND f.first_harm_seq IS NULL
+      AND f.outcome <> 'unknown'
+      AND f.reported_harm_seq < coalesce(r.unknown_from_seq, f.reported_harm_seq + 1)
+    UNION ALL
+    SELECT run_id, 'harm_reported_before_loss', 'disagreement', reported_harm_seq,
+           [reported_harm_seq, first_harm_seq], claim_id, NULL, NULL,
+           format('the runtime reported claim_harmed for {} at seq {}, before the loss that '
+                  'harmed it (seq {})', claim_id, reported_harm_seq, first_harm_seq)
+    FROM claims WHERE reported_harm_seq < first_harm_seq
+    UNION ALL
+    SELECT e.run_id, 'materialized_reported_predicate_false', 'disagreement', e.seq,
+           [e.seq], e.claim_id, NULL, NULL,
+           format('the runtime reported claim_materialized for {} at seq {}, but positions '
+                  '0..{} are not all bound and resident there', e.claim_id, e.seq,
+                  coalesce(f.k - 1, -1))
+    FROM kv_claim_ev e
+    JOIN kv_runs r ON r.run_id = e.run_id
+    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_id = e.claim_id
+    WHERE e.event = 'claim_materialized'
+      AND e.seq < coalesce(r.unknown_from_seq, e.seq + 1)
+      AND NOT EXISTS (SELECT 1 FROM kv_pred q
+                      WHERE q.run_id = e.run_id AND q.claim_id = e.claim_id
+                        AND q.from_seq <= e.seq AND (q.to_seq IS NULL OR q.to_seq > e.seq))
+    UNION ALL
+    SELECT c.run_id, 'materialization_not_reported', 'disagreement', c.materialized_seq,
+           [c.materialized_seq], c.claim_id, NULL, NULL,
+           format('claim {} materialized at seq {} (reconstructed) but the runtime, which '
+                  'reports materialization in this run, did not report it', c.claim_id,
+                  c.materialized_seq)
+    FROM claims c JOIN kv_runs r USING (run_id)
+    WHERE c.materialized_seq IS NOT NULL AND c.reported_materialized_seq IS NULL
+      AND c.materialized_seq < coalesce(r.unknown_from_seq, c.materialized_seq + 1)
+      AND EXISTS (SELECT 1 FROM kv_claim_ev m
+                  WHERE m.run_id = c.run_id AND m.event = 'claim_materialized')
+    UNION ALL
+    SELECT run_id, 'shortfall_mismatch', 'disagreement', seq, [seq], NULL, request_id, NULL,
+           format('request {} at seq {}: reported shortfall {} but protected {} + required {} '
+                  '- usable {} = {}', request_id, seq, reported_shortfall_blocks,
+                  protected_blocks, blocks_required, usable_blocks, shortfall_blocks)
+    FROM feasibility
+    WHERE reported_shortfall_blocks IS NOT NULL AND shortfall_blocks IS NOT NULL
+      AND reported_shortfall_blocks <> shortfall_blocks
+
+    -- invariants -----------------------------------------------------------------------------
+    UNION ALL
+    SELECT e.run_id, 'harm_without_acceptance', 'violation', e.seq,
+           [v FOR v IN [e.seq, f.accepted_seq] IF v IS NOT NULL], e.claim_id, NULL,
+           e.block_hash,
+           format('claim_harmed for {} at seq {} but the claim was not accepted before it',
+                  e.claim_id, e.seq)
+    FROM kv_claim_ev e
+    LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_id = e.claim_id
+    WHERE e.event = 'claim_harmed' AND (f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
+    UNION ALL
+    SELECT run_id, 'loss_before_release', 'violation', seq, [seq, release_seq], claim_id,
+           by_request_id, block_hash,
+           format('claim {} lost block {} at seq {} (harm) before its {} at seq {}',
+                  claim_id, block_id, seq, release_event, release_seq)
+    FROM loss_claims WHERE label = 'harm' AND release_seq IS NOT NULL AND seq < release_seq
+    UNION ALL
+    SELECT run_id, 'label_without_prior_release', 'violation', seq, [seq, decided_by_seq],
+           claim_id, by_request_id, block_hash,
+           format('loss at seq {} labelled {} without a release strictly before it',
+                  seq, label)
+    FROM loss_claims
+    WHERE label IN ('relaxation', 'expiry')
+      AND NOT (decided_by_seq IS NOT NULL AND decided_by_seq < seq)
+    UNION ALL
+    SELECT l.run_id, 'protected_block_lost', 'violation', l.seq,
+           [l.seq, l.accepted_seq], l.claim_id, l.by_request_id, l.block_hash,
+           format('block {} (position {} of {} claim {}) was lost at seq {} while the claim '
+                  'was in force under enforcing policy {}', l.block_id, l.position,
+                  l.protection_mode, l.claim_id, l.seq, r.policy)
+    FROM loss_claims l
+    JOIN kv_runs r ON r.run_id = l.run_id
+    JOIN kv_claim_facts f ON f.run_id = l.run_id AND f.claim_id = l.claim_id
+    WHERE f.pinned_mode AND l.label <> 'unknown'
+      AND l.accepted_seq < l.seq AND (l.release_seq IS NULL OR l.release_seq > l.seq)
+      AND l.position < l.threshold_blocks
+    UNION ALL
+    SELECT run_id, 'infeasible_admission', 'violation', seq, [seq], NULL, request_id, NULL,
+           format('request {} admitted at seq {} with protected {} + required {} > usable {} '
+                  'under enforcing policy {}', request_id, seq, protected_blocks,
+                  blocks_required, usable_blocks, policy)
+    FROM feasibility WHERE decision = 'admitted' AND enforcing AND NOT feasible
+    UNION ALL
+    SELECT e.run_id, 'refusal_without_blocking_claim', 'violation', e.seq, [e.seq], NULL,
+           e.request_id, NULL,
+           format('request {} refused at seq {} without naming a blocking claim',
+                  e.request_id, e.seq)
+    FROM events e
+    WHERE e.event = 'request_refused' AND coalesce(len(e.blocking_claim_ids), 0) = 0
+    UNION ALL
+    SELECT x.run_id,
+           CASE WHEN f.claim_id IS NULL OR f.submitted_seq IS NULL
+                    THEN 'refusal_names_unknown_claim'
+                WHEN f.accepted_seq IS NULL OR f.accepted_seq > x.seq
+                     OR f.release_seq < x.seq THEN 'refusal_names_claim_not_in_force'
+                WHEN m.materialized_seq IS NULL OR m.materialized_seq > x.seq
+                    THEN 'refusal_names_unmaterialized_claim'
+                ELSE 'refusal_names_unprotected_claim' END,
+           'violation', x.seq,
+           [v FOR v IN [x.seq, f.accepted_seq, f.release_seq] IF v IS NOT NULL],
+           x.claim_id, x.request_id, NULL,
+           format('request {} refused at seq {} naming claim {}, which is not an in-force, '
+                  'materialized, protected claim there', x.request_id, x.seq, x.claim_id)
+    FROM (SELECT run_id, seq, request_id, unnest(blocking_claim_ids) AS claim_id
+          FROM events WHERE event = 'request_refused') x
+    LEFT JOIN kv_claim_facts f ON f.run_id = x.run_id AND f.claim_id = x.claim_id
+    LEFT JOIN kv_materialized m ON m.run_id = x.run_id AND m.claim_id = x.claim_id
+    WHERE f.claim_id IS NULL OR f.submitted_seq IS NULL
+       OR f.accepted_seq IS NULL OR f.accepted_seq > x.seq OR f.release_seq < x.seq
+       OR m.materialized_seq IS NULL OR m.materialized_seq > x.seq
+       OR NOT f.pinned_mode
+
+    -- anomalies ------------------------------------------------------------------------------
+    UNION ALL
+    SELECT l.run_id, 'evicted_unknown_content', 'anomaly', l.seq, [l.seq], NULL,
+           l.by_request_id, NULL,
+           format('block {} evicted at seq {} without a hash and without a prior block_cached: '
+                  'its label is unknown', l.block_id, l.seq)
+    FROM kv_losses l JOIN kv_runs r USING (run_id)
+    WHERE l.block_hash IS NULL AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
+    UNION ALL
+    SELECT l.run_id, 'evicted_block_not_resident', 'anomaly', l.seq, [l.seq], NULL,
+           l.by_request_id, l.block_hash,
+           format('block {} evicted at seq {} but it held no cached content', l.block_id, l.seq)
+    FROM kv_losses l JOIN kv_runs r USING (run_id)
+    WHERE NOT l.was_resident AND l.block_hash IS NOT NULL
+      AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
+    UNION ALL
+    SELECT l.run_id, 'evicted_hash_mismatch', 'anomaly', l.seq, [l.seq], NULL,
+           l.by_request_id, l.reported_hash,
+           format('block {} evicted at seq {} with hash {} but it held {}', l.block_id, l.seq,
+                  l.reported_hash, l.held_hash)
+    FROM kv_losses l
+    WHERE l.reported_hash IS NOT NULL AND l.held_hash IS NOT NULL
+      AND l.reported_hash <> l.held_hash
+    UNION ALL
+    SELECT c.run_id, 'block_overwritten', 'anomaly', c.end_seq, [c.start_seq, c.end_seq],
+           NULL, NULL, c.block_hash,
+           format('block {} cached new content at seq {} without evicting what it held since '
+                  'seq {}', c.block_id, c.end_seq, c.start_seq)
+    FROM kv_copies c WHERE c.end_kind = 'overwritten'
+    UNION ALL
+    SELECT run_id, 'claim_never_submitted', 'anomaly',
+           coalesce(accepted_seq, rejected_seq, release_seq, reported_harm_seq),
+           [v FOR v IN [accepted_seq, rejected_seq, release_seq] IF v IS NOT NULL],
+           claim_id, NULL, NULL,
+           format('claim {} appears in claim events but was never submitted: its state is '
+                  'unknown', claim_id)
+    FROM kv_claim_facts WHERE submitted_seq IS NULL
+    UNION ALL
+    SELECT f.run_id, 'claim_never_decided', 'anomaly', f.submitted_seq, [f.submitted_seq],
+           f.claim_id, f.request_id, NULL,
+           format('claim {} was submitted at seq {} but never accepted or rejected',
+                  f.claim_id, f.submitted_seq)
+    FROM kv_claim_facts f JOIN kv_runs r USING (run_id)
+    WHERE f.submitted_seq IS NOT NULL AND f.accepted_seq IS NULL AND f.rejected_seq IS NULL
+      AND NOT r.has_hole
+)
+SELECT run_id, kind, severity, seq, seqs, claim_id, request_id, block_hash, detail
+FROM f
+ORDER BY run_id, seq NULLS LAST, kind, claim_id, request_id;

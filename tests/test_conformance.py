@@ -1,0 +1,146 @@
+"""Conformance checks: each passes on its fixture and fails on a mutated twin (DESIGN §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from kvclaims.cli import main
+from reconstruct import core, loader, shapes
+from reconstruct.jsonl import events_to_table
+
+Events = list[dict]
+FIX = Path(__file__).parent / "fixtures"
+
+
+def verdicts(events: Events) -> dict[str, str]:
+    """Reconstruct events (renumbered densely, as a runtime would write them) -> verdicts."""
+    events = [{**e, "seq": i} for i, e in enumerate(events)]
+    batches = [loader.decode_batch(b) for b in events_to_table(events).to_batches()]
+    t = core.reconstruct(pa.Table.from_batches(batches, schema=loader.EVENTS_SCHEMA))
+    return dict(t.con.sql('SELECT "check", verdict FROM conformance').fetchall())
+
+
+def shape(name: str) -> Events:
+    return shapes.SHAPES[name]()
+
+
+def idx(events: Events, event: str, **match: object) -> int:
+    return next(i for i, e in enumerate(events)
+                if e["event"] == event and all(e.get(k) == v for k, v in match.items()))
+
+
+def swap(events: Events, i: int, j: int) -> Events:
+    events[i], events[j] = events[j], events[i]
+    return events
+
+
+def drop(events: Events, event: str) -> Events:
+    return [e for e in events if e["event"] != event]
+
+
+# -- mutations ---------------------------------------------------------------------------------
+
+def accept_removed(e: Events) -> Events:
+    return drop(e, "claim_accepted")
+
+
+def reuse_denied_not_honoured(e: Events) -> Events:
+    i = idx(e, "request_arrived", request_id="active")
+    e.insert(i + 1, {**e[i], "event": "reuse_denied", "tenant": None, "num_prompt_tokens": None,
+                     "claim_id": None})
+    return [{k: v for k, v in ev.items() if v is not None} for ev in e]
+
+
+def refusal_claim_id_changed(e: Events) -> Events:
+    for ev in e:
+        if ev["event"] in ("request_deferred", "request_refused"):
+            ev["blocking_claim_ids"] = ["claim:other"]
+    return e
+
+
+def release_swapped_with_first_loss(release: str) -> Callable[[Events], Events]:
+    def mutate(e: Events) -> Events:
+        return swap(e, idx(e, release), idx(e, "block_evicted"))
+    return mutate
+
+
+def expire_removed(e: Events) -> Events:
+    return drop(e, "claim_expired")
+
+
+def harm_report_removed(e: Events) -> Events:
+    return drop(e, "claim_harmed")
+
+
+def refusal_turned_into_admission(e: Events) -> Events:
+    i = idx(e, "request_refused")
+    keep = ("run_id", "seq", "ts_ns", "request_id", "blocks_required", "free_blocks",
+            "protected_blocks", "usable_blocks")
+    e[i] = {k: v for k, v in e[i].items() if k in keep} | {"event": "request_admitted"}
+    return e
+
+
+TWINS = [
+    ("L1", "native_60_70_80", "unenforced_60_70_80", accept_removed),
+    ("L2", "write_no_admit_60_70_80", "native_60_70_80", reuse_denied_not_honoured),
+    ("L3", "hard_60_70_80", "hard_60_70_80", refusal_claim_id_changed),
+    ("L4", "demote_60_70_80", "demote_60_70_80", release_swapped_with_first_loss("claim_demoted")),
+    ("L5", "ttl_60_70_80", "ttl_60_70_80", release_swapped_with_first_loss("claim_expired")),
+    ("L6", "l6_position_zero", None, None),
+    ("L7", "unenforced_60_70_80", "unenforced_60_70_80", harm_report_removed),
+    ("INV_no_harm_without_acceptance", "unenforced_60_70_80", "unenforced_60_70_80",
+     accept_removed),
+    ("INV_release_precedes_loss", "demote_60_70_80", "demote_60_70_80",
+     release_swapped_with_first_loss("claim_demoted")),
+    ("INV_refusal_names_protected_claim", "hard_60_70_80", "hard_60_70_80",
+     refusal_claim_id_changed),
+    ("INV_no_protected_loss", "hard_60_70_80", "ttl_60_70_80", expire_removed),
+    ("INV_feasible_admission", "demote_60_70_80", "hard_60_70_80",
+     refusal_turned_into_admission),
+]
+
+
+@pytest.mark.parametrize("check,fixture", [(c, f) for c, f, _, _ in TWINS])
+def test_check_passes_on_its_fixture(check: str, fixture: str) -> None:
+    assert verdicts(shape(fixture))[check] == "pass"
+
+
+@pytest.mark.parametrize("check,fixture,mutate",
+                         [(c, f, m) for c, _, f, m in TWINS if m is not None])
+def test_check_fails_on_its_mutated_twin(check: str, fixture: str, mutate) -> None:
+    assert verdicts(mutate(shape(fixture)))[check] == "fail"
+
+
+def test_l6_fails_when_runtime_counts_surviving_blocks() -> None:
+    assert verdicts(shapes.l6_position_zero(report_materialized=True))["L6"] == "fail"
+
+
+def test_checks_not_applicable_without_their_events() -> None:
+    v = verdicts(shape("native_60_70_80"))
+    assert (v["L3"], v["L4"], v["L5"]) == ("not_applicable",) * 3
+
+
+def test_clean_runs_fail_no_check() -> None:
+    for name in ("native_60_70_80", "write_no_admit_60_70_80", "unenforced_60_70_80",
+                 "hard_60_70_80", "demote_60_70_80", "ttl_60_70_80", "hard_60_70_130",
+                 "l6_position_zero", "multi_claim", "rematerialize", "reset", "threshold"):
+        assert "fail" not in verdicts(shape(name)).values(), name
+
+
+def test_gap_makes_passing_verdicts_unknown() -> None:
+    v = verdicts(shape("gap"))
+    assert v["INV_no_harm_without_acceptance"] == "unknown"
+    assert "pass" not in v.values()
+
+
+def test_cli_conformance_exit_status_is_nonzero_on_failure(tmp_path: Path, capsys) -> None:
+    assert main(["conformance", str(FIX / "hard_60_70_80.jsonl")]) == 0
+    bad = tmp_path / "bad.jsonl"
+    events = refusal_claim_id_changed(shape("hard_60_70_80"))
+    bad.write_text(shapes.to_jsonl(events))
+    assert main(["conformance", str(bad), "--json"]) == 1
+    assert '"verdict": "fail"' in capsys.readouterr().out
