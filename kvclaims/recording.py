@@ -16,9 +16,9 @@ from recorder.policies import POLICIES
 from recorder.scenarios import SCENARIOS
 from recorder.schema import InputError
 
-SWEEP_COLUMNS = ("scenario", "policy", "usable_blocks", "active_outcome", "resident_blocks_lost",
+SWEEP_COLUMNS = ("run_id", "policy", "usable_blocks", "active_outcome", "resident_blocks_lost",
                  "claim_outcome", "blocking_claim_ids", "shortfall_blocks", "harm", "expiry",
-                 "relaxation", "eviction", "unknown")
+                 "relaxation", "eviction", "unknown", "blocks_lost")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,10 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 # -- record ---------------------------------------------------------------------------------------
 
 def _quiet_vllm() -> None:
-    """vLLM's INFO log drowns the result; keep its warnings (a user's setting wins)."""
+    """vLLM's log drowns the result; keep its errors only (a user's setting wins)."""
     import os
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def _record(args: argparse.Namespace) -> int:
@@ -141,7 +141,8 @@ def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, 
             continue
         shutil.rmtree(run_dir, ignore_errors=True)  # a partial point is recorded again
         record(scenario, usable, policy, run_dir, model_dir=model_dir)
-    rows = sweep_rows([out / f"{scenario}-{p}-{c}" for p, c in points])
+    rows = [{"scenario": scenario, **row}
+            for row in sweep_rows([out / f"{scenario}-{p}-{c}" for p, c in points])]
     (out / "sweep.json").write_text(json.dumps({"scenario": scenario, "rows": rows}, indent=2))
     return rows
 
