@@ -76,6 +76,7 @@ class ClaimArbiter:
         self._pins: dict[int, set[str]] = {}
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
         self._deferrals: dict[str, tuple[int, float]] = {}  # request -> (steps, since)
+        self._soft_in_force: set[str] = set()
 
     # ----------------------------------------------------------------- declarations
     def on_request(self, request_id: str, raw: dict[str, Any] | None,
@@ -115,6 +116,8 @@ class ClaimArbiter:
         deadline = None if decl.ttl_s is None else self._clock() + decl.ttl_s
         claim = Claim(decl, request_id, mode, threshold, hashes, deadline)
         self.claims[decl.claim_id] = claim
+        if mode == "soft_priority":
+            self._soft_in_force.add(decl.claim_id)
         self._emit("claim_accepted", claim_id=decl.claim_id)
         for position, block_hash in enumerate(hashes):
             self._emit("claim_bound", claim_id=decl.claim_id, block_hash=hash64(block_hash),
@@ -162,6 +165,15 @@ class ClaimArbiter:
             for block_id in list(copies):
                 self.on_lost(block_id, block_hash)
 
+    @property
+    def has_soft_claims(self) -> bool:
+        """Whether allocation must look for soft-claimed blocks at all (cheap, hot path)."""
+        return self.policy.enforce and bool(self._soft_in_force)
+
+    def is_protected(self, block_id: int) -> bool:
+        """Whether a claim holds an extra reference on this block."""
+        return block_id in self._pins
+
     def is_soft_claimed(self, block_hash: Hashable) -> bool:
         """Whether evicting this content should wait for every unclaimed candidate."""
         if not self.policy.enforce:
@@ -187,6 +199,7 @@ class ClaimArbiter:
 
     def _end(self, claim: Claim, status: str, event: str, reason: str, **extra: Any) -> None:
         claim.status = status
+        self._soft_in_force.discard(claim.decl.claim_id)
         self._emit(event, claim_id=claim.decl.claim_id, reason=reason, **extra)
         self._unpin_claim(claim)
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from recorder.scheduler import KVClaimsScheduler
 
 
-def _hash_of(key: Any) -> bytes:
+def content_hash(key: Any) -> bytes:
     """vLLM's ``BlockHashWithGroupId`` is the block hash followed by a 4-byte group id."""
     return bytes(key[:-4])
 
@@ -32,7 +32,7 @@ class RecordingBlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list:
         kvc = self._kvc
-        if kvc.has_soft_claims():
+        if kvc.arbiter.has_soft_claims:
             _defer_soft_claimed(self.free_block_queue, num_blocks, kvc.arbiter.is_soft_claimed)
         self._kvc_cause = "allocation"
         try:
@@ -53,7 +53,7 @@ class RecordingBlockPool:
         if evicted:
             kvc = self._kvc
             for key in keys:
-                content = _hash_of(key)
+                content = content_hash(key)
                 kvc.emit("block_evicted", block_id=block.block_id, block_hash=hash64(content),
                          cause=self._kvc_cause, by_request_id=kvc.current_request_id)
                 kvc.arbiter.on_lost(block.block_id, content)
@@ -73,7 +73,7 @@ class RecordingBlockPool:
             if block.block_hash is None or block.block_hash == before[i] or block.is_null:
                 continue
             position = num_cached_blocks + i
-            content = _hash_of(block.block_hash)
+            content = content_hash(block.block_hash)
             parent = hash64(hashes[position - 1]) if 0 < position <= len(hashes) else None
             kvc.emit("block_cached", block_id=block.block_id, block_hash=hash64(content),
                      parent_hash=parent, position=position, request_id=request.request_id)
@@ -146,7 +146,7 @@ def _defer_soft_claimed(queue: Any, num_blocks: int, soft: Any) -> None:
     seen = 0
     while node is not tail and unclaimed < num_blocks and seen < queue.num_free_blocks:
         nxt = node.next_free_block
-        if node.block_hash is not None and soft(_hash_of(node.block_hash)):
+        if node.block_hash is not None and soft(content_hash(node.block_hash)):
             moved.append(node)
         else:
             unclaimed += 1

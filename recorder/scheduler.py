@@ -147,7 +147,7 @@ class KVClaimsScheduler(Scheduler):
     def admit(self, request: Any, *args: Any, **kwargs: Any) -> bool:
         """Ask the arbiter; on defer or refuse, record it and keep the request out."""
         hits = _hit_blocks(kwargs.get("new_computed_blocks"))
-        pinned_hits = sum(1 for b in hits if b.block_id in self.arbiter._pins)
+        pinned_hits = sum(1 for b in hits if self.arbiter.is_protected(b.block_id))
         required = -(-request.num_tokens // self.block_size) - pinned_hits
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         decision = self.arbiter.admit(request.request_id, required, free)
@@ -173,16 +173,12 @@ class KVClaimsScheduler(Scheduler):
         for position, block in enumerate(hits):
             if block.is_null or block.block_hash is None:
                 continue
-            content = hooks._hash_of(block.block_hash)
+            content = hooks.content_hash(block.block_hash)
             self.emit("block_hit", block_id=block.block_id,
                       block_hash=hooks.hash64(content), position=position,
                       request_id=request.request_id)
             if position < len(hashes):
                 self.arbiter.on_resident(block, content)
-
-    def has_soft_claims(self) -> bool:
-        return self.policy.enforce and any(
-            c.in_force and c.mode == "soft_priority" for c in self.arbiter.claims.values())
 
     def release_claim(self, claim_id: str, reason: str = "released by API") -> bool:
         """Release a claim from Python (in-process engines); see ``recorder.api``."""
