@@ -113,49 +113,36 @@ class Scenario:
     engine: dict[str, Any] = field(default_factory=dict)  # extra kvclaims config
 
 
-def _mode_for(policy: str) -> dict[str, Any]:
-    """The resident claim's mode under each sweep policy (None: the policy's default)."""
-    return {"ttl_expiry": {"ttl_s": 1.0}}.get(policy, {})
+TTL_S = 2.0  # the expiring claims' ttl; the scenarios wait a little longer before pressure
 
 
-def resident60_active70(d: Driver, policy: str) -> None:
-    """A 60-block resident prefix carrying a claim, a 70-block active prompt, the resident
-    prompt again (its cache hit shows what survived)."""
-    claim = {"claim_id": "claim:resident", "tenant": "tenant-resident", **_mode_for(policy)}
-    d.submit("resident", tokens(1, 60), claim=claim)
+def _resident_then_active(d: Driver, claim: dict[str, Any]) -> None:
+    """A 60-block resident prompt carrying ``claim``, a 70-block active prompt (after the claim's
+    ttl if it has one), then the resident prompt again: its cache hit shows what survived."""
+    d.submit("resident", tokens(1, 60), claim={"claim_id": "claim:resident",
+                                               "tenant": "tenant-resident", **claim})
     d.run()
-    if policy == "ttl_expiry":
-        d.sleep(1.2)
+    if "ttl_s" in claim:
+        d.sleep(claim["ttl_s"] + 0.2)
     d.submit("active", tokens(2, 70))
     d.run()
     d.submit("probe", tokens(1, 60))
     d.run()
+
+
+def resident60_active70(d: Driver, policy: str) -> None:
+    """The paper's case; the claim's mode is the policy's default (``ttl_s`` under ttl_expiry)."""
+    _resident_then_active(d, {"ttl_s": TTL_S} if policy == "ttl_expiry" else {})
 
 
 def lifecycle_demote(d: Driver, policy: str) -> None:
     """resident60_active70 with a demotable claim: demoted at the conflict, then evicted."""
-    d.submit("resident", tokens(1, 60), claim={"claim_id": "claim:resident",
-                                               "tenant": "tenant-resident",
-                                               "protection_mode": "demotable"})
-    d.run()
-    d.submit("active", tokens(2, 70))
-    d.run()
-    d.submit("probe", tokens(1, 60))
-    d.run()
+    _resident_then_active(d, {"protection_mode": "demotable"})
 
 
 def lifecycle_expire(d: Driver, policy: str) -> None:
-    """resident60_active70 with an expiring claim (ttl 1 s) that lapses before the active
-    request is allocated."""
-    d.submit("resident", tokens(1, 60), claim={"claim_id": "claim:resident",
-                                               "tenant": "tenant-resident",
-                                               "protection_mode": "expiring", "ttl_s": 1.0})
-    d.run()
-    d.sleep(1.2)
-    d.submit("active", tokens(2, 70))
-    d.run()
-    d.submit("probe", tokens(1, 60))
-    d.run()
+    """resident60_active70 with an expiring claim that lapses before the active request."""
+    _resident_then_active(d, {"protection_mode": "expiring", "ttl_s": TTL_S})
 
 
 def live_pressure(d: Driver, policy: str) -> None:
@@ -181,8 +168,8 @@ def multi_tenant(d: Driver, policy: str) -> None:
     d.submit("b-doc", shared + tokens(102, 12), claim={  # demoted at the first conflict
         "claim_id": "b:doc", "tenant": "tenant-b", "protection_mode": "demotable",
         "value": 0.5})
-    d.submit("c-doc", tokens(103, 10), claim={  # lapses after 1 s
-        "claim_id": "c:doc", "tenant": "tenant-c", "protection_mode": "expiring", "ttl_s": 1.0})
+    d.submit("c-doc", tokens(103, 10), claim={  # lapses after TTL_S
+        "claim_id": "c:doc", "tenant": "tenant-c", "protection_mode": "expiring", "ttl_s": TTL_S})
     d.submit("d-best", tokens(104, 6), claim={  # not pinned: harmed under pressure
         "claim_id": "d:best", "tenant": "tenant-d", "protection_mode": "best_effort"})
     d.submit("d-soft", tokens(105, 6), claim={  # evicted after every unclaimed block
@@ -195,7 +182,7 @@ def multi_tenant(d: Driver, policy: str) -> None:
     d.submit("a-reader", shared + tokens(101, 12) + tokens(108, 2))  # prefix-cache hits
     d.submit("f-scratch", tokens(109, 6))
     d.run()
-    d.sleep(1.2)  # c:doc expires at the next scheduler step
+    d.sleep(TTL_S + 0.2)  # c:doc expires at the next scheduler step
     d.submit("g-big", tokens(110, 50))  # 32 protected + 50 > 80: b:doc is demoted
     d.run()
     d.submit("x-hold", tokens(111, 20), claim={
@@ -227,7 +214,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("lifecycle_demote", lifecycle_demote,
              "resident60_active70 with a demotable claim", "demote_on_conflict", 80),
     Scenario("lifecycle_expire", lifecycle_expire,
-             "resident60_active70 with an expiring claim (ttl 1 s)", "ttl_expiry", 80),
+             "resident60_active70 with an expiring claim (ttl 2 s)", "ttl_expiry", 80),
     Scenario("live_pressure", live_pressure,
              "40 protected + 46 required over 67 allocatable: deferred, then refused",
              "hard_protected", 67),
