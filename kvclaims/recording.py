@@ -59,10 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 # -- record ---------------------------------------------------------------------------------------
 
 def _quiet_vllm() -> None:
-    """vLLM's log drowns the result; keep its errors only (a user's setting wins)."""
+    """vLLM logs to stdout, where our result (and ``--json``) goes: send its log to stderr and
+    keep only its errors (a user's own settings win)."""
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
 def _record(args: argparse.Namespace) -> int:

@@ -109,12 +109,45 @@ def test_shipped_trace_passes_conformance(name: str) -> None:
     assert "fail" not in verdicts.values() and "unknown" not in verdicts.values()
 
 
+@pytest.fixture(scope="module")
+def live_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """One sweep point recorded live through the real CLI (``--json``)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("sweep")
+    done = subprocess.run([sys.executable, "-m", "kvclaims.cli", "sweep", "--capacities", "80",
+                           "--policies", "hard_protected", "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=600, check=True)
+    return out, json.loads(done.stdout)
+
+
 @pytest.mark.vllm
-def test_rerecorded_point_matches_the_shipped_one(tmp_path: Path, rows) -> None:
+def test_rerecorded_point_matches_the_shipped_one(live_sweep, rows) -> None:
     """Guards against drift in vLLM: one sweep point recorded live equals the shipped row."""
+    _, live = live_sweep
+    shipped = rows[("hard_protected", 80)]
+    assert {k: live[0][k] for k in shipped} == shipped
+
+
+@pytest.mark.vllm
+def test_sweep_skips_points_already_complete(live_sweep) -> None:
     from kvclaims.recording import sweep
 
-    live = sweep("resident60_active70", [80], ["hard_protected"], tmp_path)
-    shipped = rows[("hard_protected", 80)]
-    assert {k: live[0][k] for k in shipped if k != "run_id"} == \
-        {k: v for k, v in shipped.items() if k != "run_id"}
+    out, first = live_sweep
+    manifest = out / "resident60_active70-hard_protected-80" / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    again = sweep("resident60_active70", [80], ["hard_protected"], out)
+    assert manifest.stat().st_mtime_ns == before and again == first
+
+
+@pytest.mark.vllm
+def test_sweep_records_again_a_point_left_incomplete(live_sweep) -> None:
+    from kvclaims.recording import sweep
+
+    out, first = live_sweep
+    manifest = out / "resident60_active70-hard_protected-80" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "complete": False}))
+    again = sweep("resident60_active70", [80], ["hard_protected"], out)
+    assert json.loads(manifest.read_text())["complete"] is True and again == first
