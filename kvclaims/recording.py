@@ -91,6 +91,9 @@ def _record(args: argparse.Namespace) -> int:
               f"{c['outcome']:<19} lost: harm {c['blocks_lost_harm']}, expiry "
               f"{c['blocks_lost_expiry']}, relaxation {c['blocks_lost_relaxation']}, eviction "
               f"{c['blocks_lost_eviction']}")
+        if c.get("positions_lost"):
+            print(f"  {'':<16} positions lost: {_ranges(c['positions_lost'])} of "
+                  f"{c['bound_blocks']} bound blocks")
         if c.get("first_harm_seq") is not None:
             print(f"  {'':<16} first harm at seq {c['first_harm_seq']} by request "
                   f"{c['first_harm_by_request_id']}; value lost {c['value_lost']}")
@@ -106,10 +109,27 @@ def _claims_and_losses(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, i
 
     tables = reconstruct(load_runs([run_dir]))
     queries.apply(tables.con)
-    claims = tables.con.sql("SELECT * FROM claim_outcomes").to_arrow_table().to_pylist()
+    claims = tables.con.sql("""
+        SELECT o.*, p.positions_lost, b.bound_blocks FROM claim_outcomes o
+        LEFT JOIN (SELECT run_id, claim_id, list(DISTINCT position ORDER BY position)
+                          AS positions_lost FROM loss_claims GROUP BY ALL) p USING (run_id, claim_id)
+        LEFT JOIN (SELECT run_id, claim_id, count(DISTINCT position) AS bound_blocks
+                   FROM events WHERE event = 'claim_bound' GROUP BY ALL) b USING (run_id, claim_id)
+        ORDER BY o.claim_id""").to_arrow_table().to_pylist()
     losses = dict(tables.con.sql("SELECT label, count(*) FROM losses GROUP BY label "
                                  "ORDER BY label").fetchall())
     return claims, losses
+
+
+def _ranges(positions: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    spans: list[list[int]] = []
+    for p in positions:
+        if spans and p == spans[-1][1] + 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
 # -- sweep ----------------------------------------------------------------------------------------

@@ -117,3 +117,34 @@ def test_unwritable_run_directory_does_not_stop_serving(tmp_path: Path):
         engine.engine_core.shutdown()
     assert driver.outcomes["r"].finish_reason == "length"
     assert not (blocker / "run").exists()
+
+
+def _cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kvclaims.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_record_command_prints_the_reconstructed_audit_as_json(tmp_path: Path):
+    import json
+
+    done = _cli("record", "--scenario", "live_pressure", "--out", str(tmp_path / "run"),
+                "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result["usable_blocks"] == 67
+    assert [(c["claim_id"], c["outcome"]) for c in result["claims"]] == \
+        [("claim:live-resident", "preserved")]
+
+
+def test_record_command_refuses_a_non_empty_run_directory(tmp_path: Path):
+    (tmp_path / "keep.txt").write_text("data that must not be lost")
+    done = _cli("record", "--scenario", "live_pressure", "--out", str(tmp_path))
+    assert done.returncode == 2 and "already exists and is not empty" in done.stderr
+    assert (tmp_path / "keep.txt").read_text() == "data that must not be lost"
+
+
+def test_sweep_command_rejects_bad_capacities(tmp_path: Path):
+    done = _cli("sweep", "--capacities", "80,lots", "--out", str(tmp_path))
+    assert done.returncode == 2 and "--capacities must be comma-separated integers" in done.stderr
