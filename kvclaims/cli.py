@@ -1,8 +1,11 @@
-"""The ``kvclaims`` command line: a thin facade over the product's parts.
+"""kvclaims: record, reconstruct and audit resident KV claims in vLLM.
+
+The command line is a thin facade over the product's parts.
 
 Each part registers its own subcommands, so this file only wires them together:
-``kvclaims.recording`` (record, sweep: they compose recorder and reconstructor), ``reconstruct.io_commands`` (import, export) and
-``reconstruct.commands`` (reconstruct, conformance).
+``kvclaims.recording`` (record, sweep: they compose recorder and reconstructor),
+``reconstruct.io_commands`` (import, export, query) and ``reconstruct.commands``
+(reconstruct, conformance).
 """
 
 from __future__ import annotations

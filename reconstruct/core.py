@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from recorder.policies import PINNING_MODES, POLICIES
 from recorder.schema import InputError
+from reconstruct import blocks
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
@@ -53,11 +54,6 @@ PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
     "claim_lifecycle_demote": "hard_protected",
     "claim_lifecycle_expire": "hard_protected",
 }
-
-_EPOCH_ASOF: Final[str] = (
-    "r.seq AS epoch FROM kv_block_ev b ASOF LEFT JOIN kv_resets r "
-    "ON b.run_id = r.run_id AND b.seq >= r.seq")
-_EPOCH_NONE: Final[str] = "NULL::BIGINT AS epoch FROM kv_block_ev b"
 
 
 def stage_sql(name: str) -> str:
@@ -224,10 +220,8 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
         con.unregister(name)
     for stage in STAGES:
         sql = stage_sql(stage)
-        if "{{EPOCH}}" in sql:
-            has_resets = con.execute(
-                "SELECT count(*) FROM events WHERE event = 'cache_reset'").fetchall()[0][0] > 0
-            sql = sql.replace("{{EPOCH}}", _EPOCH_ASOF if has_resets else _EPOCH_NONE)
+        if stage == "02_blocks.sql":
+            blocks.build(con)
         for stmt in split_statements(sql):
             con.execute(stmt)
         if progress is not None:
