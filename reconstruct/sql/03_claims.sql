@@ -143,7 +143,9 @@ WITH d AS (
     FROM flags
     WHERE holds <> prev_holds
 )
-SELECT run_id, claim_id, seq AS from_seq, next_edge AS to_seq
+SELECT run_id, claim_id, seq AS from_seq, next_edge AS to_seq,
+       -- the end of the claim's previous interval (NULL for its first)
+       lag(next_edge) OVER (PARTITION BY run_id, claim_id ORDER BY seq) AS prev_to_seq
 FROM edges
 WHERE holds;
 

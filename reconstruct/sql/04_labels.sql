@@ -9,6 +9,8 @@ WITH pairs AS (
     JOIN kv_bindings b
       ON b.run_id = l.run_id AND b.block_hash = l.block_hash
      AND b.bound_seq < l.seq AND (b.unbound_seq IS NULL OR b.unbound_seq > l.seq)
+    -- NOTE: `bound` is false only for content surely bound to no claim (stage 2's pre-filter)
+    WHERE l.bound
     GROUP BY ALL
 ), ev AS (
     SELECT
@@ -16,23 +18,23 @@ WITH pairs AS (
         f.submitted_seq, f.tenant, f.protection_mode, f.k AS threshold_blocks,
         f.accepted_seq, f.release_seq, f.release_event, m.materialized_seq,
         r.unknown_from_seq,
-        -- the predicate just before and just after this loss (all events at this seq applied)
-        EXISTS (SELECT 1 FROM kv_pred q
-                WHERE q.run_id = p.run_id AND q.claim_id = p.claim_id
-                  AND q.from_seq < p.seq AND (q.to_seq IS NULL OR q.to_seq >= p.seq))
+        -- The predicate just before and just after this loss (all events at this seq
+        -- applied): q is the claim's last predicate interval starting at or before the loss.
+        -- NOTE: a claim's intervals are disjoint and never touch (prev.to_seq < from_seq), so
+        -- q alone decides: held just before iff q started before the loss and had not ended
+        -- before it; held just after iff q has not ended at the loss.
+        coalesce(q.from_seq < p.seq AND (q.to_seq IS NULL OR q.to_seq >= p.seq), false)
             AS predicate_before,
-        EXISTS (SELECT 1 FROM kv_pred q
-                WHERE q.run_id = p.run_id AND q.claim_id = p.claim_id
-                  AND q.from_seq <= p.seq AND (q.to_seq IS NULL OR q.to_seq > p.seq))
-            AS predicate_after,
-        -- the loss that made the predicate false most recently (at or before this loss)
-        (SELECT max(q.to_seq) FROM kv_pred q
-         WHERE q.run_id = p.run_id AND q.claim_id = p.claim_id AND q.to_seq <= p.seq)
-            AS broken_seq
+        q.from_seq IS NOT NULL AND (q.to_seq IS NULL OR q.to_seq > p.seq) AS predicate_after,
+        -- the loss that made the predicate false most recently (at or before this loss):
+        -- q's end if that is at or before the loss, else the end of the interval before q
+        CASE WHEN q.to_seq <= p.seq THEN q.to_seq ELSE q.prev_to_seq END AS broken_seq
     FROM pairs p
     JOIN kv_runs r ON r.run_id = p.run_id
     JOIN kv_claim_facts f ON f.run_id = p.run_id AND f.claim_id = p.claim_id
     LEFT JOIN kv_materialized m ON m.run_id = p.run_id AND m.claim_id = p.claim_id
+    ASOF LEFT JOIN kv_pred q
+      ON q.run_id = p.run_id AND q.claim_id = p.claim_id AND p.seq >= q.from_seq
 ), lab AS (
     SELECT
         ev.*,

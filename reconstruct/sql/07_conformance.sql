@@ -38,30 +38,37 @@ WITH fk AS (
     GROUP BY f.check_name, k.run_id
 ), c AS (
     SELECT * FROM kv_claim_facts
+), uncovered AS (
+    -- L1: losses not covered by any claim accepted before them (one pass, per run)
+    SELECT l.run_id, count(*) AS n, min(l.seq, 10) AS first_seqs
+    FROM losses l
+    WHERE NOT EXISTS (SELECT 1 FROM loss_claims x
+                      WHERE x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
+                        AND x.accepted_seq < x.seq)
+    GROUP BY l.run_id
+), uncovered_harm AS (
+    SELECT l.run_id, count(*) AS n
+    FROM losses l
+    WHERE l.label = 'harm'
+      AND NOT EXISTS (SELECT 1 FROM loss_claims x
+                      WHERE x.run_id = l.run_id AND x.seq = l.seq
+                        AND x.block_id = l.block_id AND x.label = 'harm'
+                        AND x.accepted_seq < x.seq)
+    GROUP BY l.run_id
 ), raw AS (
     -- L1: no accepted claim -> no harm -------------------------------------------------------
     SELECT r.run_id, 'L1' AS check_name,
-           EXISTS (SELECT 1 FROM losses l WHERE l.run_id = r.run_id AND NOT EXISTS (
-                       SELECT 1 FROM loss_claims x
-                       WHERE x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
-                         AND x.accepted_seq < x.seq))
+           u.n IS NOT NULL
            OR EXISTS (SELECT 1 FROM kv_claim_ev e WHERE e.run_id = r.run_id
                       AND e.event = 'claim_harmed') AS applicable,
-           (SELECT count(*) FROM losses l WHERE l.run_id = r.run_id AND l.label = 'harm'
-              AND NOT EXISTS (SELECT 1 FROM loss_claims x
-                              WHERE x.run_id = l.run_id AND x.seq = l.seq
-                                AND x.block_id = l.block_id AND x.label = 'harm'
-                                AND x.accepted_seq < x.seq)) > 0 AS extra_fail,
-           (SELECT list(l.seq ORDER BY l.seq)[1:10] FROM losses l WHERE l.run_id = r.run_id
-              AND NOT EXISTS (SELECT 1 FROM loss_claims x
-                              WHERE x.run_id = l.run_id AND x.seq = l.seq
-                                AND x.block_id = l.block_id AND x.accepted_seq < x.seq))
-               AS pass_seqs,
-           (SELECT format('{} losses without an accepted claim, none labelled harm', count(*))
-            FROM losses l WHERE l.run_id = r.run_id AND NOT EXISTS (
-                SELECT 1 FROM loss_claims x WHERE x.run_id = l.run_id AND x.seq = l.seq
-                  AND x.block_id = l.block_id AND x.accepted_seq < x.seq)) AS pass_detail
+           uh.n IS NOT NULL AS extra_fail,
+           -- the 10 smallest seqs, ascending
+           u.first_seqs AS pass_seqs,
+           format('{} losses without an accepted claim, none labelled harm', coalesce(u.n, 0))
+               AS pass_detail
     FROM kv_runs r
+    LEFT JOIN uncovered u ON u.run_id = r.run_id
+    LEFT JOIN uncovered_harm uh ON uh.run_id = r.run_id
     UNION ALL
     -- L2: write no-admit serves the active request, yet residents are still evicted ----------
     SELECT r.run_id, 'L2',
