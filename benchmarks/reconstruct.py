@@ -4,7 +4,10 @@ bounded memory, against a plain-Python replay of the same labels.
     python benchmarks/reconstruct.py [--events N] [--memory-limit 4GB] [--python-events N]
 
 Prints, side by side: import events/s (run directory -> DuckDB, streamed), reconstruct
-events/s (all stages), peak RSS, and the plain-Python replay's events/s with the ratio.
+events/s for the labelling core (stages 01-04) and for all tables (01-07, incl. findings and
+conformance), end to end, peak RSS, the plain-Python replay's events/s on the same labels and
+the ratios, and checks that the reconstructor's labels equal the replay's on the replayed part
+(wall and CPU seconds: the machine may be shared; CPU counts every DuckDB thread).
 
 The trace: requests of ``--blocks`` blocks each arrive one after another into a pool of
 ``--pool`` blocks; each request allocates and caches its blocks, finishes and frees them; a
@@ -17,6 +20,7 @@ harmed when their blocks are reused (native policy: claims are recorded, not enf
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import sys
@@ -25,131 +29,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recorder.schema import ARROW_SCHEMA  # noqa: E402
-from recorder.trace_writer import RunWriter  # noqa: E402
-from reconstruct import core, loader  # noqa: E402
+from reconstruct import core, loader, synthetic  # noqa: E402
 
-EVENT_NAMES = ["request_arrived", "claim_submitted", "claim_accepted", "claim_bound",
-               "request_admitted", "block_evicted", "block_allocated", "block_cached",
-               "claim_materialized", "request_finished", "claim_released", "block_freed"]
-E = {name: i for i, name in enumerate(EVENT_NAMES)}
-
-
-def template(n: int) -> list[tuple[str, int]]:
-    """Per-request slots: (event, position); -1 = not a block slot."""
-    slots = [("request_arrived", -1), ("claim_submitted", -1), ("claim_accepted", -1)]
-    slots += [("claim_bound", p) for p in range(n)]
-    slots += [("request_admitted", -1)]
-    for p in range(n):
-        slots += [("block_evicted", p), ("block_allocated", p), ("block_cached", p)]
-    slots += [("claim_materialized", -1), ("request_finished", -1), ("claim_released", -1)]
-    slots += [("block_freed", p) for p in range(n - 1, -1, -1)]
-    return slots
-
-
-def _dict(indices: np.ndarray, values: list[str], mask: np.ndarray | None = None) -> pa.Array:
-    idx = pa.array(indices.astype(np.int32), mask=mask)
-    return pa.DictionaryArray.from_arrays(idx, pa.array(values, pa.string()))
-
-
-def chunk_batch(r0: int, r1: int, n: int, pool: int, seq0: int, run_id: str) -> pa.RecordBatch:
-    """The events of requests r0..r1-1 as one ARROW_SCHEMA batch."""
-    slots = template(n)
-    ev_code = np.array([E[s[0]] for s in slots], dtype=np.int32)
-    pos = np.array([s[1] for s in slots], dtype=np.int32)
-    reqs = np.arange(r0, r1, dtype=np.int64)
-    R, T = len(reqs), len(slots)
-    ev = np.broadcast_to(ev_code, (R, T))
-    ps = np.broadcast_to(pos, (R, T))
-    rq = np.broadcast_to(reqs[:, None], (R, T))
-    claim = (rq % 10) == 0
-    release = claim & ((rq // 10) % 2 == 0)
-    g = rq * n + ps                           # global block index
-    block_id = (g % pool) + 1
-    keep = np.ones((R, T), dtype=bool)
-    claim_slot = np.isin(ev, [E["claim_submitted"], E["claim_accepted"], E["claim_bound"],
-                              E["claim_materialized"]])
-    keep &= ~claim_slot | claim
-    keep &= (ev != E["claim_released"]) | release
-    keep &= (ev != E["block_evicted"]) | (g >= pool)
-    ev, ps, rq, g, block_id, claim = (a[keep] for a in (ev, ps, rq, g, block_id, claim))
-    m = len(ev)
-    # content hash of global block g; an eviction loses the content of block index g - pool
-    h_of = lambda gi: (gi.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)  # noqa: E731
-    is_ev = ev == E["block_evicted"]
-    block_hash = np.where(is_ev, h_of(g - pool), h_of(g))
-    has_hash = np.isin(ev, [E["claim_bound"], E["block_evicted"], E["block_cached"]])
-    has_block = np.isin(ev, [E["block_evicted"], E["block_allocated"], E["block_cached"],
-                             E["block_freed"]])
-    has_pos = np.isin(ev, [E["claim_bound"], E["block_cached"]])
-    has_req = ~np.isin(ev, [E["claim_bound"], E["claim_accepted"], E["claim_materialized"],
-                            E["claim_released"], E["block_evicted"]])
-    has_claim = np.isin(ev, [E["claim_submitted"], E["claim_accepted"], E["claim_bound"],
-                             E["claim_materialized"], E["claim_released"]]) | (
-        (ev == E["request_arrived"]) & claim)
-    is_adm = ev == E["request_admitted"]
-    is_fin = ev == E["request_finished"]
-    is_sub = ev == E["claim_submitted"]
-    req_names = [f"r{r}" for r in range(r0, r1)]
-    local = (rq - r0).astype(np.int64)
-    # the request that evicts block index g - pool is the one allocating index g
-    cols: dict[str, pa.Array] = {
-        "run_id": _dict(np.zeros(m), [run_id]),
-        "seq": pa.array(np.arange(seq0, seq0 + m, dtype=np.int64)),
-        "ts_ns": pa.array(np.arange(seq0, seq0 + m, dtype=np.int64) * 1000),
-        "event": _dict(ev, EVENT_NAMES),
-        "request_id": _dict(local, req_names, mask=~has_req),
-        "by_request_id": _dict(local, req_names, mask=~is_ev),
-        "tenant": _dict(rq % 7, [f"tenant-{i}" for i in range(7)],
-                        mask=~(is_sub | (ev == E["request_arrived"]))),
-        "claim_id": _dict(local, [f"claim:{x}" for x in req_names], mask=~has_claim),
-        "protection_mode": _dict(np.zeros(m), ["best_effort"], mask=~is_sub),
-        "threshold_blocks": pa.array(np.full(m, n, np.int32), mask=~is_sub),
-        "value": pa.array(np.ones(m), mask=~is_sub),
-        "block_id": pa.array(block_id.astype(np.int32), mask=~has_block),
-        "block_hash": pa.array(block_hash, mask=~has_hash),
-        "position": pa.array(ps.astype(np.int32), mask=~has_pos),
-        "cause": _dict(np.zeros(m), ["allocation"], mask=~is_ev),
-        "blocks_required": pa.array(np.full(m, n, np.int32), mask=~is_adm),
-        "free_blocks": pa.array(np.full(m, pool, np.int32), mask=~is_adm),
-        "protected_blocks": pa.array(np.zeros(m, np.int32), mask=~is_adm),
-        "usable_blocks": pa.array(np.full(m, pool, np.int32), mask=~is_adm),
-        "finish_reason": _dict(np.zeros(m), ["stop"], mask=~is_fin),
-        "num_cached_tokens": pa.array(np.zeros(m, np.int32), mask=~is_fin),
-        "num_output_tokens": pa.array(np.ones(m, np.int32), mask=~is_fin),
-    }
-    arrays = [cols[f.name] if f.name in cols else pa.nulls(m, f.type) for f in ARROW_SCHEMA]
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+EVENT_NAMES, template, chunk_batch = synthetic.EVENT_NAMES, synthetic.template, synthetic.chunk_batch
 
 
 def write_trace(out: Path, events: int, n: int, pool: int) -> int:
     """Write a synthetic run directory of about ``events`` events; return the exact count."""
-    per_req = len(template(n)) - 0.9 * (3 + n) - 0.95   # average after masking
-    requests = max(1, int(events / per_req))
-    step = 20_000
-    seq = 0
-    with RunWriter(out, {"run_id": "bench", "policy": "native", "usable_blocks": pool,
-                         "runtime": "synthetic"}, rotate_bytes=256 << 20) as w:
-        for r0 in tqdm(range(0, requests, step), desc="generate", unit="chunk"):
-            batch = chunk_batch(r0, min(requests, r0 + step), n, pool, seq, "bench")
-            seq += batch.num_rows
-            w.write_batch(batch)
-    return seq
+    return synthetic.write_trace(out, events, n, pool)
 
 
-def python_replay(run_dir: Path, limit: int) -> tuple[int, float, dict[str, int]]:
-    """Plain-Python replay of the loss labels over the first ``limit`` events."""
+def python_replay(run_dir: Path, limit: int) -> tuple[int, float, dict[tuple[int, int], str]]:
+    """Plain-Python replay of the loss labels over the first ``limit`` events.
+
+    Returns (events replayed, seconds, {(seq, block_id): label}). It reads the same run
+    directory batch by batch (reading is part of its time) and keeps per-block content,
+    per-hash copies and per-claim state in dicts, for this trace's shapes: one copy per
+    hash, claims with a declared threshold, submitted and accepted before their blocks.
+    """
     content: dict[int, int] = {}
     copies: dict[int, int] = {}
     bound: dict[int, list[str]] = {}
     claims: dict[str, dict[str, Any]] = {}
-    counts: dict[str, int] = {}
+    labels: dict[tuple[int, int], str] = {}
+    rank = {"eviction": 0, "relaxation": 1, "harm": 2}
     done = 0
     t0 = time.perf_counter()
     for batch in loader.iter_batches([run_dir]):
@@ -183,10 +90,9 @@ def python_replay(run_dir: Path, limit: int) -> tuple[int, float, dict[str, int]
                         lab = "harm"
                     else:
                         lab = "eviction"
-                    if (label, lab) and ["eviction", "relaxation", "harm"].index(lab) > \
-                            ["eviction", "relaxation", "harm"].index(label):
+                    if rank[lab] > rank[label]:
                         label = lab
-                counts[label] = counts.get(label, 0) + 1
+                labels[(seq, b)] = label
             elif ev == "claim_submitted":
                 claims[cid] = {"k": k, "missing": k, "mat": None, "released": None}
             elif ev == "claim_bound":
@@ -195,13 +101,30 @@ def python_replay(run_dir: Path, limit: int) -> tuple[int, float, dict[str, int]
                 claims[cid]["released"] = seq
             done += 1
             if done >= limit:
-                return done, time.perf_counter() - t0, counts
-    return done, time.perf_counter() - t0, counts
+                return done, time.perf_counter() - t0, labels
+    return done, time.perf_counter() - t0, labels
 
 
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# What each reported figure covers (also printed with --explain).
+SCOPES = """\
+import       run directory segments -> loader (decode, checks) -> DuckDB table `events` (streamed)
+labelling    stages 01-04 on `events`: runs, block timeline (kv_losses), claims + predicate,
+             loss_claims and losses (every loss labelled)
+all tables   stages 01-07: the above + claims, requests, feasibility, findings, conformance
+end to end   import + all tables
+python       plain-Python replay of the losses' labels only (reads the same run directory);
+             the ratios divide the reconstructor's rate by this one"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=8, help="blocks per request")
     ap.add_argument("--pool", type=int, default=4096, help="usable blocks")
     ap.add_argument("--memory-limit", default="4GB")
+    ap.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all)")
     ap.add_argument("--python-events", type=int, default=1_000_000,
                     help="events the plain-Python replay runs on (its rate is per event)")
     ap.add_argument("--keep", metavar="DIR", help="write the trace here and keep it")
@@ -219,41 +143,84 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = work / "run"
     try:
         t0 = time.perf_counter()
-        n_events = write_trace(run_dir, args.events, args.blocks, args.pool)
+        if (run_dir / "manifest.json").exists():
+            n_events = sum(b.num_rows for b in loader.iter_batches([run_dir]))
+        else:
+            n_events = write_trace(run_dir, args.events, args.blocks, args.pool)
         t_gen = time.perf_counter() - t0
-        marks: dict[str, float] = {}
+        rss_gen = peak_rss_mib()
+        marks: dict[str, tuple[float, float]] = {}
         bar = tqdm(total=len(core.STAGES) + 1, desc="reconstruct", unit="stage")
 
         def progress(stage: str) -> None:
-            marks[stage] = time.perf_counter()
+            marks[stage] = (time.perf_counter(), cpu_s())
             bar.update(1)
             bar.set_postfix_str(stage)
 
-        t0 = time.perf_counter()
+        # NOTE: what `kvclaims reconstruct RUN_DIR` does: a temporary database (here inside
+        # the work directory, so it is removed with it), reconstructed tables not persisted.
+        start = (time.perf_counter(), cpu_s())
         tables, _info = core.reconstruct_paths(
-            [run_dir], database=work / "bench.duckdb", memory_limit=args.memory_limit,
-            temp_directory=work / "spill", progress=progress)
-        t_end = time.perf_counter()
+            [run_dir], memory_limit=args.memory_limit, temp_directory=work / "spill",
+            threads=args.threads, progress=progress)
+        end = (time.perf_counter(), cpu_s())
         bar.close()
-        t_import = marks["import"] - t0
-        t_recon = t_end - marks["import"]
-        sql_counts = dict(tables.con.sql(
-            "SELECT label, count(*) FROM losses GROUP BY label").fetchall())
-        rss_sql = peak_rss_mib()
-        py_n, py_t, py_counts = python_replay(run_dir, args.python_events)
+        rss_rec = peak_rss_mib()
+
+        def span(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+            return b[0] - a[0], b[1] - a[1]
+
+        imp = span(start, marks["import"])
+        label = span(marks["import"], marks["04_labels.sql"])
+        every = span(marks["import"], end)
+        e2e = span(start, end)
+        steps, prev = [], marks["import"]
+        for stage in core.STAGES:
+            steps.append((stage, *span(prev, marks[stage])))
+            prev = marks[stage]
+
+        py_n, py_t, py_labels = python_replay(run_dir, args.python_events)
         py_rate = py_n / py_t
-        rec_rate = n_events / t_recon
-        print()
-        print(f"events                 {n_events:>14,}   (generated in {t_gen:.1f} s)")
-        print(f"import (stream->DuckDB){n_events / t_import:>14,.0f} events/s  ({t_import:.2f} s)")
-        print(f"reconstruct (DuckDB)   {rec_rate:>14,.0f} events/s  ({t_recon:.2f} s)")
-        print(f"plain-Python replay    {py_rate:>14,.0f} events/s  (on {py_n:,} events, "
-              f"{py_t:.2f} s)")
-        print(f"ratio reconstruct/py   {rec_rate / py_rate:>14.1f} x")
-        print(f"peak RSS               {rss_sql:>14,.0f} MiB (memory_limit {args.memory_limit})")
-        print(f"loss labels (SQL)      {sql_counts}")
-        print(f"loss labels (py, partial) {py_counts}")
+        last = max(s for s, _b in py_labels) if py_labels else -1
+        sql_labels = {(s, b): lab for s, b, lab in tables.con.execute(
+            "SELECT seq, block_id, label FROM losses WHERE run_id = 'bench' AND seq <= $last",
+            {"last": last}).fetchall()}
+        same = sql_labels == py_labels
+        counts: dict[str, int] = dict(tables.con.sql(
+            "SELECT label, count(*) FROM losses GROUP BY label ORDER BY label").fetchall())
         tables.con.close()
+
+        def rate(t: tuple[float, float]) -> str:
+            return (f"{n_events / t[0]:>12,.0f} events/s  {t[0]:7.2f} s wall "
+                    f"{t[1]:7.2f} s CPU  {n_events / t[0] / py_rate:6.1f}x python")
+
+        print()
+        print(f"events                 {n_events:>12,}   (generated in {t_gen:.1f} s; "
+              f"DuckDB memory_limit {args.memory_limit}, threads "
+              f"{args.threads or 'all'}, {os.cpu_count()} CPUs)")
+        print(f"import                 {n_events / imp[0]:>12,.0f} events/s  {imp[0]:7.2f} s wall "
+              f"{imp[1]:7.2f} s CPU")
+        print(f"reconstruct: labelling {rate(label)}")
+        print(f"reconstruct: all tables{rate(every)}")
+        print(f"end to end (import+all){rate(e2e)}")
+        print(f"plain-Python replay    {py_rate:>12,.0f} events/s  {py_t:7.2f} s wall "
+              f"(labels only, first {py_n:,} events)")
+        print(f"peak RSS               {rss_rec:>12,.0f} MiB   (after generating: "
+              f"{rss_gen:,.0f} MiB)")
+        print(f"labels check           {'OK' if same else 'MISMATCH'}: "
+              f"{len(py_labels):,} losses in the replayed part, reconstructor "
+              f"{'==' if same else '!='} Python replay")
+        print(f"loss labels (all)      {counts}")
+        print("per stage (wall s / CPU s): " + ", ".join(
+            f"{name.split('_')[0]} {w:.2f}/{c:.2f}" for name, w, c in steps))
+        print()
+        print(SCOPES)
+        if not same:
+            diff = {k: (sql_labels.get(k), py_labels.get(k))
+                    for k in set(sql_labels) | set(py_labels)
+                    if sql_labels.get(k) != py_labels.get(k)}
+            print(f"label mismatches: {len(diff)}, e.g. {sorted(diff.items())[:5]}")
+            return 1
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -5,7 +5,8 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 
 =====================  ======================================================================
 ``01_runs.sql``        per-run facts: policy, usable blocks, first hole (gap, seq hole, truncation)
-``02_blocks.sql``      block content timeline (copies of each hash) and every block loss
+``02_blocks.sql``      block content timeline (copies of each hash) and every block loss,
+                       computed by ``reconstruct/blocks.py`` (NumPy, streamed in windows)
 ``03_claims.sql``      claim lifecycle, bindings, residency of bound content, predicate intervals
 ``04_labels.sql``      ``loss_claims`` (one row per loss x bound claim) and ``losses``
 ``05_outcomes.sql``    ``claims``, ``requests``, ``feasibility``
@@ -15,9 +16,9 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 The semantics are DESIGN.md §4; the exact rules are in docs/reconstruction.md.
 
 NOTE: every stage orders by ``seq`` within a run and joins on ``run_id``: runs never mix.
-NOTE: memory is bounded by DuckDB's ``memory_limit`` (it spills to ``temp_directory``); the
-stages only run window functions over block events partitioned by block, and over the (small)
-set of claim-bound content, never over one huge partition.
+NOTE: memory is bounded by DuckDB's ``memory_limit`` (it spills to ``temp_directory``) plus
+one window of block events in stage 02 (``blocks.WINDOW_SEQS``); the SQL stages only run
+window functions over the (small) set of claim-bound content and claims.
 """
 
 from __future__ import annotations
@@ -187,42 +188,30 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
     return pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA)
 
 
-def _find_holes(con: Any) -> pa.Table:
-    """The first missing seq of each run whose seqs are not dense (cheap check first)."""
-    sparse = con.sql("""SELECT run_id FROM events GROUP BY run_id
-                        HAVING count(*) <> max(seq) - min(seq) + 1""").fetchall()
-    schema = pa.schema([("run_id", pa.string()), ("hole_seq", pa.int64())])
-    if not sparse:
-        return schema.empty_table()
-    # NOTE: only runs with a hole pay for the sort; the recorder writes dense seqs.
-    ids = [r[0] for r in sparse]
-    return con.sql("""
-        SELECT run_id, min(prev + 1) AS hole_seq FROM (
-            SELECT run_id, seq, lag(seq) OVER (PARTITION BY run_id ORDER BY seq) AS prev
-            FROM events WHERE run_id IN (SELECT unnest($ids)))
-        WHERE seq > prev + 1 GROUP BY run_id""", params={"ids": ids}).to_arrow_table().cast(schema)
-
-
 def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
                truncated_runs: set[str] | None = None,
-               progress: Callable[[str], None] | None = None) -> list[str]:
-    """Run every stage on ``con`` (which must expose ``events``); return the run ids."""
+               progress: Callable[[str], None] | None = None, persist: bool = True) -> list[str]:
+    """Run every stage on ``con`` (which must expose ``events``); return the run ids.
+
+    ``persist=False`` makes the reconstructed tables TEMP tables: same contents, but in a
+    file-backed database they are not compressed and written to its file (they still spill
+    to ``temp_directory`` beyond ``memory_limit``).
+    """
     kv_manifest = manifest_table(manifests, truncated_runs)
     kv_policies = _policies_table()
     con.register("kv_manifest_in", kv_manifest)
     con.register("kv_policies_in", kv_policies)
     con.execute("CREATE OR REPLACE TEMP TABLE kv_manifest AS SELECT * FROM kv_manifest_in")
     con.execute("CREATE OR REPLACE TEMP TABLE kv_policies AS SELECT * FROM kv_policies_in")
-    holes = _find_holes(con)
-    con.register("kv_holes_in", holes)
-    con.execute("CREATE OR REPLACE TEMP TABLE kv_holes AS SELECT * FROM kv_holes_in")
-    for name in ("kv_manifest_in", "kv_policies_in", "kv_holes_in"):
+    for name in ("kv_manifest_in", "kv_policies_in"):
         con.unregister(name)
     for stage in STAGES:
         sql = stage_sql(stage)
         if stage == "02_blocks.sql":
-            blocks.build(con)
+            blocks.build(con)  # the block timeline (NumPy, streamed): see reconstruct/blocks.py
         for stmt in split_statements(sql):
+            if not persist:
+                stmt = stmt.replace("CREATE OR REPLACE TABLE ", "CREATE OR REPLACE TEMP TABLE ", 1)
             con.execute(stmt)
         if progress is not None:
             progress(stage)
@@ -283,17 +272,25 @@ def _stream_runs(paths: Sequence[str | Path], info: StreamedInput) -> Iterator[p
 def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | None = None,
                       memory_limit: str | None = None, temp_directory: str | Path | None = None,
                       threads: int | None = None,
-                      progress: Callable[[str], None] | None = None
-                      ) -> tuple[Tables, StreamedInput]:
+                      progress: Callable[[str], None] | None = None,
+                      persist: bool | None = None) -> tuple[Tables, StreamedInput]:
     """Reconstruct run directories (or sweep directories) in bounded memory.
 
     The events are streamed batch by batch into a DuckDB table (in ``database`` if given,
-    else a temporary on-disk database), so a trace larger than memory never has to fit.
+    else a temporary on-disk database, inside ``temp_directory`` if given), so a trace larger
+    than memory never has to fit. The reconstructed tables are stored in ``database`` when one
+    is given (``persist``, default: whether ``database`` is given); otherwise they are TEMP
+    tables of the connection.
     """
     from reconstruct import loader
 
+    if persist is None:
+        persist = database is not None
     if database is None:
-        tmp = tempfile.mkdtemp(prefix="kvclaims-reconstruct-")
+        if temp_directory is not None:
+            Path(temp_directory).mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix="kvclaims-reconstruct-",
+                               dir=None if temp_directory is None else str(temp_directory))
         database = os.path.join(tmp, "reconstruct.duckdb")
     con = duckdb.connect(str(database))
     configure(con, memory_limit=memory_limit, temp_directory=temp_directory, threads=threads)
@@ -311,7 +308,7 @@ def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | Non
     if con.execute("SELECT count(*) FROM events").fetchall()[0][0] == 0 and not info.manifests:
         raise InputError("no events to reconstruct")
     run_ids = run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
-                         progress=progress)
+                         progress=progress, persist=persist)
     return Tables(con, run_ids), info
 
 

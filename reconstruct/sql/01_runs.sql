@@ -1,25 +1,37 @@
 -- Stage 1: one row per run with the facts every later stage needs.
 -- Inputs: view `events` (loader schema, plain strings), table `kv_manifest`
--- (run_id, policy, usable_blocks, truncated) and table `kv_policies` (policy, enforce),
--- table `kv_holes` (run_id, hole_seq): the first seq missing without a recorder_gap.
-CREATE OR REPLACE TEMP TABLE kv_runs AS
-WITH ev_runs AS (
-    SELECT
-        run_id,
-        min(seq) AS first_seq,
-        max(seq) AS last_seq,
-        count(*) AS n_events,
-        arg_min(policy, seq) FILTER (WHERE event = 'run_started') AS started_policy,
-        arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
-        -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
-        min(least(seq, first_seq)) FILTER (WHERE event = 'recorder_gap') AS gap_seq,
-        count(*) FILTER (WHERE event = 'recorder_gap') AS n_gaps,
-        count(*) FILTER (WHERE event = 'run_finished') > 0 AS finished,
-        max(events_written) FILTER (WHERE event = 'run_finished') AS events_written,
-        max(events_dropped) FILTER (WHERE event = 'run_finished') AS events_dropped
+-- (run_id, policy, usable_blocks, truncated) and table `kv_policies` (policy, enforce).
+
+CREATE OR REPLACE TEMP TABLE kv_ev_runs AS
+SELECT
+    run_id,
+    min(seq) AS first_seq,
+    max(seq) AS last_seq,
+    count(*) AS n_events,
+    arg_min(policy, seq) FILTER (WHERE event = 'run_started') AS started_policy,
+    arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
+    -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
+    min(least(seq, first_seq)) FILTER (WHERE event = 'recorder_gap') AS gap_seq,
+    count(*) FILTER (WHERE event = 'recorder_gap') AS n_gaps,
+    count(*) FILTER (WHERE event = 'run_finished') > 0 AS finished,
+    max(events_written) FILTER (WHERE event = 'run_finished') AS events_written,
+    max(events_dropped) FILTER (WHERE event = 'run_finished') AS events_dropped
+FROM events
+GROUP BY run_id;
+
+-- The first seq missing without a recorder_gap, for each run whose seqs are not dense
+-- (only such runs pay for the sort; the recorder writes dense seqs).
+CREATE OR REPLACE TEMP TABLE kv_holes AS
+SELECT run_id, min(prev + 1) AS hole_seq
+FROM (
+    SELECT run_id, seq, lag(seq) OVER (PARTITION BY run_id ORDER BY seq) AS prev
     FROM events
-    GROUP BY run_id
+    WHERE run_id IN (SELECT run_id FROM kv_ev_runs WHERE n_events <> last_seq - first_seq + 1)
 )
+WHERE seq > prev + 1
+GROUP BY run_id;
+
+CREATE OR REPLACE TEMP TABLE kv_runs AS
 SELECT
     r.run_id, r.first_seq, r.last_seq, r.n_events, r.n_gaps, r.finished,
     r.events_written, r.events_dropped, r.gap_seq, h.hole_seq,
@@ -32,7 +44,7 @@ SELECT
     -- Whether anything after the last event we hold could still change an outcome.
     (coalesce(m.truncated, false) OR r.gap_seq IS NOT NULL OR h.hole_seq IS NOT NULL)
         AS has_hole
-FROM ev_runs r
+FROM kv_ev_runs r
 LEFT JOIN kv_manifest m USING (run_id)
 LEFT JOIN kv_holes h USING (run_id)
 LEFT JOIN kv_policies p ON p.policy = coalesce(r.started_policy, m.policy);

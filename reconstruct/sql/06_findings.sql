@@ -198,4 +198,5 @@ WITH f AS (
 )
 SELECT run_id, kind, severity, seq, seqs, claim_id, request_id, block_hash, detail
 FROM f
-ORDER BY run_id, seq NULLS LAST, kind, claim_id, request_id;
+-- NOTE: block_hash and detail only break ties (e.g. several blocks lost at one reset)
+ORDER BY run_id, seq NULLS LAST, kind, claim_id, request_id, block_hash, detail;

@@ -32,7 +32,7 @@ WITH fk AS (
         ('INV_feasible_admission', 'infeasible_admission')
     ) t(check_name, kind)
 ), failing AS (
-    SELECT f.check_name, k.run_id, flatten(list(k.seqs)) AS seqs,
+    SELECT f.check_name, k.run_id, flatten(list(k.seqs ORDER BY k.kind)) AS seqs,
            string_agg(k.kind || ' x' || k.n, ', ' ORDER BY k.kind) AS kinds
     FROM fails f JOIN fk k ON k.kind = f.kind
     GROUP BY f.check_name, k.run_id
