@@ -27,6 +27,10 @@ def reference_labels(events: list[dict[str, Any]]) -> dict[tuple[int, int], str]
     unknown_from = min([min(e["seq"], e.get("first_seq", e["seq"]))
                         for e in events if e["event"] == "recorder_gap"], default=None)
     out: dict[tuple[int, int], str] = {}
+    # NOTE: a claim submitted only after a loss cannot have been in force at it (acceptance
+    # follows submission): that loss is an eviction. Only a claim never submitted anywhere in
+    # the run has a state that cannot be established (unknown).
+    submitted_ever = {e["claim_id"] for e in events if e["event"] == "claim_submitted"}
 
     def claim(cid: str) -> dict[str, Any]:
         return claims.setdefault(cid, {"submitted": None, "accepted": None, "release": None,
@@ -86,12 +90,12 @@ def reference_labels(events: list[dict[str, Any]]) -> dict[tuple[int, int], str]
                 c["mat"] = seq
         for b, h in losses:
             labs = []
-            for c in claims.values():
+            for cid, c in claims.items():
                 if h is None or not any(bh == h and bs < seq for bh, bs in c["bind"].values()):
                     continue
                 if unknown_from is not None and seq >= unknown_from:
                     labs.append("unknown")
-                elif c["submitted"] is None:
+                elif cid not in submitted_ever:
                     labs.append("unknown")
                 elif c["accepted"] is None or c["accepted"] > seq:
                     labs.append("eviction")
