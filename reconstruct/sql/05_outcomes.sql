@@ -127,6 +127,9 @@ SELECT
         WHEN a.refused_seq IS NOT NULL THEN 'refused'
         WHEN a.finished_seq IS NOT NULL
              AND a.finish_reason IN ('abort', 'aborted', 'error', 'cancelled') THEN 'aborted'
+        -- NOTE: vLLM resumes a preempted request by recomputing it: it finishes, but its KV was
+        -- lost mid-flight, which is the outcome an auditor needs to see
+        WHEN a.finished_seq IS NOT NULL AND a.preemptions > 0 THEN 'preempted'
         WHEN a.finished_seq IS NOT NULL AND a.deferrals > 0 THEN 'deferred_then_served'
         WHEN a.finished_seq IS NOT NULL THEN 'served'
         -- NOTE: a request that has not finished may still finish behind a hole
