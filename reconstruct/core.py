@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -282,10 +284,9 @@ def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | Non
     is given (``persist``, default: whether ``database`` is given); otherwise they are TEMP
     tables of the connection.
     """
-    from reconstruct import loader
-
     if persist is None:
         persist = database is not None
+    tmp: str | None = None
     if database is None:
         if temp_directory is not None:
             Path(temp_directory).mkdir(parents=True, exist_ok=True)
@@ -293,6 +294,34 @@ def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | Non
                                dir=None if temp_directory is None else str(temp_directory))
         database = os.path.join(tmp, "reconstruct.duckdb")
     con = duckdb.connect(str(database))
+    try:
+        tables, info = _reconstruct_into(con, paths, memory_limit=memory_limit,
+                                         temp_directory=temp_directory, threads=threads,
+                                         progress=progress, persist=persist)
+    except BaseException:
+        _drop_database(con, tmp)
+        raise
+    if tmp is not None:
+        # NOTE: a database we made up lives exactly as long as the tables that use it
+        weakref.finalize(tables, _drop_database, con, tmp)
+    return tables, info
+
+
+def _drop_database(con: Any, tmp: str | None) -> None:
+    """Close a connection and remove the temporary database folder made for it, if any."""
+    try:
+        con.close()
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reconstruct_into(con: Any, paths: Sequence[str | Path], *, memory_limit: str | None,
+                      temp_directory: str | Path | None, threads: int | None,
+                      progress: Callable[[str], None] | None,
+                      persist: bool) -> tuple[Tables, StreamedInput]:
+    from reconstruct import loader
+
     configure(con, memory_limit=memory_limit, temp_directory=temp_directory, threads=threads)
     info = StreamedInput({}, {}, [], set())
     reader = pa.RecordBatchReader.from_batches(loader.EVENTS_SCHEMA, _stream_runs(paths, info))
