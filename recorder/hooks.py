@@ -33,7 +33,8 @@ class RecordingBlockPool:
     def get_new_blocks(self, num_blocks: int) -> list:
         kvc = self._kvc
         if kvc.arbiter.has_soft_claims:
-            _defer_soft_claimed(self.free_block_queue, num_blocks, kvc.arbiter.is_soft_claimed)
+            kvc.safely(_defer_soft_claimed, self.free_block_queue, num_blocks,
+                       kvc.arbiter.is_soft_claimed)
         self._kvc_cause = "allocation"
         try:
             blocks = super().get_new_blocks(num_blocks)  # type: ignore[misc]
@@ -56,7 +57,7 @@ class RecordingBlockPool:
                 content = content_hash(key)
                 kvc.emit("block_evicted", block_id=block.block_id, block_hash=hash64(content),
                          cause=self._kvc_cause, by_request_id=kvc.current_request_id)
-                kvc.arbiter.on_lost(block.block_id, content)
+                kvc.safely(kvc.arbiter.on_lost, block.block_id, content)
         return evicted
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
@@ -77,7 +78,7 @@ class RecordingBlockPool:
             parent = hash64(hashes[position - 1]) if 0 < position <= len(hashes) else None
             kvc.emit("block_cached", block_id=block.block_id, block_hash=hash64(content),
                      parent_hash=parent, position=position, request_id=request.request_id)
-            kvc.arbiter.on_resident(block, content)
+            kvc.safely(kvc.arbiter.on_resident, block, content)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
         blocks = list(ordered_blocks)
@@ -92,7 +93,7 @@ class RecordingBlockPool:
         done = super().reset_prefix_cache()  # type: ignore[misc]
         if done:
             self._kvc.emit("cache_reset", reason="reset_prefix_cache")
-            self._kvc.arbiter.on_reset()
+            self._kvc.safely(self._kvc.arbiter.on_reset)
         return done
 
     # The arbiter's extra reference: vLLM's own touch / free, without block events.
@@ -112,7 +113,7 @@ class RecordingKVCacheManager:
                        **kwargs: Any) -> Any:
         kvc = self._kvc
         admitting = kvc.is_admission(request)
-        if admitting and not kvc.admit(request, *args, **kwargs):
+        if admitting and not kvc.safely(kvc.admit, request, *args, fallback=True, **kwargs):
             return None
         previous, kvc.current_request_id = kvc.current_request_id, request.request_id
         try:
@@ -121,7 +122,7 @@ class RecordingKVCacheManager:
         finally:
             kvc.current_request_id = previous
         if admitting and result is not None:
-            kvc.admitted(request, *args, **kwargs)
+            kvc.safely(kvc.admitted, request, *args, **kwargs)
         return result
 
     def free(self, request: Any) -> None:

@@ -85,6 +85,7 @@ class KVClaimsScheduler(Scheduler):
         self._admitted_cached_tokens: dict[str, int] = {}
         self._to_refuse: dict[str, dict[str, Any]] = {}
         self._pending_admission: dict[str, Any] = {}
+        self.hook_failures = 0
         self.arbiter = ClaimArbiter(policy, self.usable_blocks, self.emit,
                                     pin=lambda b: pool.kvc_pin(b),
                                     unpin=lambda b: pool.kvc_unpin(b),
@@ -179,6 +180,21 @@ class KVClaimsScheduler(Scheduler):
                       request_id=request.request_id)
             if position < len(hashes):
                 self.arbiter.on_resident(block, content)
+
+    def safely(self, fn: Any, *args: Any, fallback: Any = None, **kwargs: Any) -> Any:
+        """Run recorder or arbiter work inside vLLM's hot path; a failure never reaches vLLM.
+
+        NOTE: failing open is deliberate: a broken arbiter serves like stock vLLM rather than
+        stopping the engine. Failures are logged (the first ten) and counted.
+        """
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001
+            self.hook_failures += 1
+            if self.hook_failures <= 10:
+                logger.exception("kvclaims: %s failed; vLLM continues unaffected",
+                                 getattr(fn, "__name__", fn))
+            return fallback
 
     def release_claim(self, claim_id: str, reason: str = "released by API") -> bool:
         """Release a claim from Python (in-process engines); see ``recorder.api``."""

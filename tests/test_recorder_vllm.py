@@ -148,3 +148,41 @@ def test_record_command_refuses_a_non_empty_run_directory(tmp_path: Path):
 def test_sweep_command_rejects_bad_capacities(tmp_path: Path):
     done = _cli("sweep", "--capacities", "80,lots", "--out", str(tmp_path))
     assert done.returncode == 2 and "--capacities must be comma-separated integers" in done.stderr
+
+
+class ExplodingArbiterScheduler:
+    """Fault injection for the next test: a KVClaimsScheduler whose arbiter fails on every
+    block-content and admission call (built lazily so importing this module needs no vLLM)."""
+
+    def __new__(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        from recorder.scheduler import KVClaimsScheduler
+
+        def boom(*_a, **_k):
+            raise RuntimeError("injected arbiter failure")
+
+        sched = KVClaimsScheduler(*args, **kwargs)
+        for name in ("on_resident", "on_lost", "admit"):
+            setattr(sched.arbiter, name, boom)
+        return sched
+
+
+def test_arbiter_failures_never_reach_the_engine(tmp_path: Path):
+    from vllm import EngineArgs, LLMEngine
+
+    from recorder.scenarios import Driver, engine_args, tokens
+    from recorder.tiny_model import ensure_tiny_model
+
+    cfg = {"out": str(tmp_path / "run"), "policy": "hard_protected", "run_id": "faulty"}
+    args = engine_args(ensure_tiny_model(), 16, cfg)
+    args["scheduler_cls"] = "tests.test_recorder_vllm.ExplodingArbiterScheduler"
+    engine = LLMEngine.from_engine_args(EngineArgs(**args))
+    driver = Driver(engine)
+    try:
+        driver.submit("a", tokens(1, 4), claim={"claim_id": "c"})
+        driver.submit("b", tokens(2, 14))  # needs eviction beside a: the pool has 16 blocks
+        driver.run()
+        failures = engine.engine_core.engine_core.scheduler.hook_failures
+    finally:
+        engine.engine_core.shutdown()
+    assert driver.outcomes["a"].finish_reason == driver.outcomes["b"].finish_reason == "length"
+    assert failures > 0
