@@ -1,7 +1,7 @@
 """The dashboard's data: run directories in, the DataFrames each page shows out.
 
 Data flows one way (DESIGN.md §6): run directories -> ``reconstruct.loader.load_runs`` ->
-``reconstruct.core.reconstruct`` -> ``queries.apply`` -> the documented views. Nothing here
+``queries.audit`` (the reconstructor, then ``queries.apply``) -> the documented views. Nothing here
 imports the recorder's scheduler or vLLM, and no number is computed here that a view or a
 reconstructed table does not already hold: these functions select, filter and reshape.
 
@@ -125,7 +125,6 @@ def load_audit(paths: Sequence[PathLike],
     not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
     """
     import queries
-    from reconstruct.core import reconstruct
     from reconstruct.loader import load_runs
 
     if isinstance(paths, (str, Path)):
@@ -133,10 +132,8 @@ def load_audit(paths: Sequence[PathLike],
     if not paths:
         raise InputError("no run directories given")
     trace = load_runs(list(paths))
-    tables = reconstruct(trace, progress=progress)
-    con = tables.con
+    con = queries.audit(trace, progress=progress)
     try:
-        queries.apply(con)
         views = {v: con.sql(f"SELECT * FROM {v}").df() for v in _VIEWS}
         findings = con.sql("SELECT * REPLACE (block_hash::VARCHAR AS block_hash) FROM findings "
                            "ORDER BY run_id, seq NULLS LAST, kind").df()

@@ -104,20 +104,18 @@ def _record(args: argparse.Namespace) -> int:
 
 def _claims_and_losses(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     import queries
-    from reconstruct.core import reconstruct
     from reconstruct.loader import load_runs
 
-    tables = reconstruct(load_runs([run_dir]))
-    queries.apply(tables.con)
-    claims = tables.con.sql("""
+    con = queries.audit(load_runs([run_dir]))
+    claims = con.sql("""
         SELECT o.*, p.positions_lost, b.bound_blocks FROM claim_outcomes o
         LEFT JOIN (SELECT run_id, claim_id, list(DISTINCT position ORDER BY position)
                           AS positions_lost FROM loss_claims GROUP BY ALL) p USING (run_id, claim_id)
         LEFT JOIN (SELECT run_id, claim_id, count(DISTINCT position) AS bound_blocks
                    FROM events WHERE event = 'claim_bound' GROUP BY ALL) b USING (run_id, claim_id)
         ORDER BY o.claim_id""").to_arrow_table().to_pylist()
-    losses = dict(tables.con.sql("SELECT label, count(*) FROM losses GROUP BY label "
-                                 "ORDER BY label").fetchall())
+    losses = dict(con.sql("SELECT label, count(*) FROM losses GROUP BY label "
+                          "ORDER BY label").fetchall())
     return claims, losses
 
 
@@ -172,12 +170,9 @@ def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, 
 def sweep_rows(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """One row per run directory, every number decided by the reconstructor."""
     import queries
-    from reconstruct.core import reconstruct
     from reconstruct.loader import load_runs
 
-    tables = reconstruct(load_runs(run_dirs))
-    queries.apply(tables.con)
-    rel = tables.con.sql(f"SELECT {', '.join(SWEEP_COLUMNS)} FROM capacity_sweep "
+    rel = queries.audit(load_runs(run_dirs)).sql(f"SELECT {', '.join(SWEEP_COLUMNS)} FROM capacity_sweep "
                          "ORDER BY policy, usable_blocks")
     return rel.to_arrow_table().to_pylist()
 

@@ -11,6 +11,7 @@ above every column (Perfetto stdlib style). Apply them to a DuckDB connection th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, Final
 
@@ -33,3 +34,15 @@ def apply(con: Any, views: tuple[str, ...] | list[str] = VIEWS) -> list[str]:
     for view in views:
         con.execute(sql_text(view))
     return list(views)
+
+
+def audit(trace: Any, progress: Callable[[str], None] | None = None) -> Any:
+    """Reconstruct a loaded trace (``reconstruct.loader.load_runs(paths)``) and apply every
+    view: the one DuckDB connection the CLI summaries and the dashboard read from (``events``,
+    the reconstructed tables, and the views). ``progress`` is told each stage's name.
+    """
+    from reconstruct.core import reconstruct
+
+    con = reconstruct(trace, progress=progress).con
+    apply(con)
+    return con
