@@ -46,8 +46,7 @@ class Driver:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.outcomes: dict[str, Outcome] = {}
-        self._by_id: dict[str, Outcome] = {}
+        self.outcomes: dict[str, Outcome] = {}  # by name, which is vLLM's external request id
 
     def submit(self, name: str, prompt: list[int], *, claim: dict[str, Any] | None = None,
                max_tokens: int = 1, extra: dict[str, Any] | None = None) -> str:
@@ -62,7 +61,7 @@ class Driver:
                                 extra_args=extra_args or None)
         request_id = self.engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params)
         outcome = Outcome(name, request_id, len(prompt))
-        self.outcomes[name] = self._by_id[request_id] = self._by_id[name] = outcome
+        self.outcomes[name] = outcome
         return request_id
 
     def run(self, max_steps: int = 100_000) -> None:
@@ -78,7 +77,7 @@ class Driver:
         for out in self.engine.step():
             if not out.finished:
                 continue
-            outcome = self._by_id.get(out.request_id)
+            outcome = self.outcomes.get(out.request_id)
             if outcome is None:
                 continue
             completion = out.outputs[0] if out.outputs else None
