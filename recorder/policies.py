@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from recorder.schema import PINNING_MODES  # noqa: F401  (re-exported: one source)
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -54,7 +56,6 @@ MODE_ENFORCEMENT: Final[dict[str, str]] = {
                    "implemented, its blocks are ordinary cache entries",
 }
 
-PINNING_MODES: Final[frozenset[str]] = frozenset({"hard_protected", "demotable", "expiring"})
 
 
 def get_policy(name: str) -> Policy:

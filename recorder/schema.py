@@ -1,8 +1,8 @@
 """The event vocabulary: the one place where event names and fields are defined.
 
 Everything else (the recorder's column buffers, the Arrow segments, the JSON Lines codec, the
-reconstructor's SQL) derives from the tables below. DESIGN.md §3 is the contract; this module
-is its executable form.
+reconstructor's SQL) derives from the tables below. ``docs/design.md`` ("Event vocabulary") is
+the contract; this module is its executable form.
 
 NOTE: the schema is append-only within a major version. Adding an event or a nullable column
 bumps ``SCHEMA_VERSION``; readers refuse versions from the future instead of guessing.
@@ -14,7 +14,10 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-SCHEMA_VERSION: Final[int] = 1
+SCHEMA_VERSION: Final[int] = 2
+# Versions this kvclaims reads. Version 2 added the ``step`` column, ``hook_failed``,
+# ``claim_release_refused``, ``released_by``, preemption attribution and the ``unknown`` cause.
+READABLE_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1, 2})
 RECORDER_VERSION: Final[str] = "0.1.0"
 
 # Envelope columns every event carries (never null).
@@ -28,6 +31,10 @@ COLUMNS: Final[dict[str, pa.DataType]] = {
     "seq": pa.int64(),
     "ts_ns": pa.int64(),
     "event": _DICT_STR,
+    # The engine's scheduler step (0, 1, ...) in which an in-engine event happened; null for
+    # events outside a step (imports, JSON Lines fixtures, the listener). Claim predicates are
+    # judged at the end of each step where the trace has steps (docs/design.md).
+    "step": pa.int64(),
     # run
     "runtime": _DICT_STR,
     "runtime_version": _DICT_STR,
@@ -68,6 +75,13 @@ COLUMNS: Final[dict[str, pa.DataType]] = {
     "threshold_blocks": pa.int32(),
     "ttl_s": pa.float64(),
     "value": pa.float64(),
+    # who ended a claim's force: "tenant" (a request of the claim's own tenant), "operator"
+    # (the in-process API), "arbiter" (demotion, expiry, the runtime itself)
+    "released_by": _DICT_STR,
+    # fail-open marks: which hook failed inside vLLM and the exception type (never its message,
+    # which may quote tenant data)
+    "hook": _DICT_STR,
+    "error_type": _DICT_STR,
 }
 
 _ADMISSION = ("request_id", "blocks_required", "free_blocks", "protected_blocks", "usable_blocks")
@@ -82,7 +96,10 @@ EVENTS: Final[dict[str, tuple[str, ...]]] = {
     "request_admitted": _ADMISSION,
     "request_deferred": _ADMISSION + ("blocking_claim_ids", "shortfall_blocks", "reason"),
     "request_refused": _ADMISSION + ("blocking_claim_ids", "shortfall_blocks", "reason"),
-    "request_preempted": ("request_id",),
+    # protected_blocks / blocking_claim_ids: the pinned blocks and the claims holding them at
+    # the moment vLLM preempted the request (decode growth met pinned blocks)
+    "request_preempted": ("request_id", "free_blocks", "protected_blocks", "usable_blocks",
+                          "blocking_claim_ids"),
     "request_finished": ("request_id", "finish_reason", "num_cached_tokens",
                          "num_output_tokens", "reason"),
     "block_allocated": ("block_id", "request_id"),
@@ -95,19 +112,39 @@ EVENTS: Final[dict[str, tuple[str, ...]]] = {
     "claim_submitted": ("claim_id", "tenant", "request_id", "protection_mode",
                         "threshold_blocks", "ttl_s", "value"),
     "claim_accepted": ("claim_id",),
-    "claim_rejected": ("claim_id", "reason", "request_id"),
+    "claim_rejected": ("claim_id", "reason", "request_id", "shortfall_blocks"),
     "claim_bound": ("claim_id", "block_hash", "position"),
     "claim_materialized": ("claim_id",),
     "claim_demoted": ("claim_id", "reason", "by_request_id"),
     "claim_expired": ("claim_id", "reason"),
-    "claim_released": ("claim_id", "reason"),
+    "claim_released": ("claim_id", "reason", "released_by", "request_id", "tenant"),
+    # a release asked for by someone who does not own the claim (another or no tenant)
+    "claim_release_refused": ("claim_id", "reason", "request_id", "tenant"),
     "claim_harmed": ("claim_id", "block_hash"),
+    # a recorder hook or the arbiter raised inside vLLM; the engine kept serving (fail-open),
+    # so enforcement from this seq on cannot be trusted and is judged unknown
+    "hook_failed": ("hook", "error_type"),
 }
 
-EVICTION_CAUSES: Final[frozenset[str]] = frozenset({"allocation", "reset", "explicit"})
+# Columns an in-engine event may carry whatever its event (beyond ENVELOPE).
+COMMON: Final[tuple[str, ...]] = ("step",)
+
+# "unknown": an observed eviction whose cause the evidence does not say (vLLM's KV events).
+EVICTION_CAUSES: Final[frozenset[str]] = frozenset({"allocation", "reset", "explicit", "unknown"})
 PROTECTION_MODES: Final[tuple[str, ...]] = (
     "best_effort", "soft_priority", "hard_protected", "demotable", "expiring", "offloadable")
+# Modes whose blocks the arbiter pins (vLLM's BlockPool.touch) while the claim is in force.
+PINNING_MODES: Final[frozenset[str]] = frozenset({"hard_protected", "demotable", "expiring"})
+# Modes that promise residency: a loss that breaks their predicate while in force is harm.
+# NOTE: best_effort promises nothing (never harm); soft_priority promises eviction order only
+# (harm only when a lower-priority evictable block existed); offloadable is rejected here.
+RESIDENCY_MODES: Final[frozenset[str]] = PINNING_MODES
+# Labels, most severe first: a block bound to several claims takes the first that applies.
 LABELS: Final[tuple[str, ...]] = ("harm", "expiry", "relaxation", "eviction", "unknown")
+LABEL_SEVERITY: Final[dict[str, int]] = {"unknown": 5, "harm": 4, "expiry": 3,
+                                         "relaxation": 2, "eviction": 1}
+# Who may end a claim's force (claim_released.released_by).
+RELEASERS: Final[tuple[str, ...]] = ("tenant", "operator", "arbiter")
 
 ARROW_SCHEMA: Final[pa.Schema] = pa.schema(
     [pa.field(name, typ, nullable=name not in ENVELOPE) for name, typ in COLUMNS.items()],
@@ -146,7 +183,7 @@ def check_event(event: dict[str, Any]) -> None:
             raise SchemaError(f"unknown field '{key}' on event '{name}'")
         if val is None:
             continue
-        if key not in allowed:
+        if key not in allowed and key not in COMMON:
             raise SchemaError(f"field '{key}' does not belong to event '{name}'")
         _check_type(key, val)
 
