@@ -137,8 +137,10 @@ PROTECTION_MODES: Final[tuple[str, ...]] = (
 PINNING_MODES: Final[frozenset[str]] = frozenset({"hard_protected", "demotable", "expiring"})
 # Modes that promise residency: a loss that breaks their predicate while in force is harm.
 # NOTE: best_effort promises nothing (never harm); soft_priority promises eviction order only
-# (harm only when a lower-priority evictable block existed); offloadable is rejected here.
-RESIDENCY_MODES: Final[frozenset[str]] = PINNING_MODES
+# (harm only when a lower-priority evictable block existed). offloadable promised "moved, never
+# lost"; the recorder now rejects it at submission, but an older trace that accepted one shows
+# a loss of it as harm (the promise was accepted and not kept).
+RESIDENCY_MODES: Final[frozenset[str]] = PINNING_MODES | {"offloadable"}
 # Labels, most severe first: a block bound to several claims takes the first that applies.
 LABELS: Final[tuple[str, ...]] = ("harm", "expiry", "relaxation", "eviction", "unknown")
 LABEL_SEVERITY: Final[dict[str, int]] = {"unknown": 5, "harm": 4, "expiry": 3,
