@@ -249,7 +249,10 @@ class Translator:
             return
         if size is not None and self.block_size is None:
             self.block_size = size
-        pos = 0 if parent is None else self.position.get(parent)
+        pos: int | None = 0
+        if parent is not None:
+            ppos = self.position.get(parent)
+            pos = None if ppos is None else ppos + 1
         if self.scheme is not None and self.counts["hash_verified"] < self.verify_limit:
             self._verify(hashes, parent, tokens, size)
         prev = parent
