@@ -150,6 +150,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
 def _loop(listener: Any, source: Any, stop: threading.Event, args: argparse.Namespace) -> None:
     deadline = None if args.duration is None else time.monotonic() + args.duration
     next_report = time.monotonic() + 10.0
+    reported = None
     while not stop.is_set():
         if deadline is not None and time.monotonic() >= deadline:
             return
@@ -159,6 +160,9 @@ def _loop(listener: Any, source: Any, stop: threading.Event, args: argparse.Name
         if time.monotonic() >= next_report:
             next_report += 10.0
             c = listener.counts
+            if reported == (c["batches"], c["batches_lost"]):
+                continue  # NOTE: progress only when something moved
+            reported = (c["batches"], c["batches_lost"])
             _say(args, f"listening: {c['batches']} batches, {c['events']} KV events, "
                        f"{c['batches_lost']} lost, {c['replayed']} replayed")
 

@@ -62,6 +62,7 @@ _RECORD = struct.Struct(">qIII")  # wall ns at receipt, len(topic), len(seq), le
 _GPU_MEDIA: Final[frozenset[Any]] = frozenset({None, "GPU", "gpu"})
 _MAX_POSITIONS: Final[int] = 4_000_000  # content hashes whose chain position is remembered
 _MAX_GAP_NOTES: Final[int] = 100
+_MASK: Final[int] = 0xFFFF_FFFF_FFFF_FFFF
 
 # Conformance checks an observed run cannot exercise, and why (also in the manifest).
 NOT_EXERCISED: Final[dict[str, str]] = {
@@ -145,7 +146,7 @@ def _event(raw: Any) -> KVEvent:
     hashes = get("block_hashes")
     if not isinstance(hashes, list):
         raise KVEventsError("KV event without a block_hashes list")
-    hs = [_hash(h) for h in hashes]
+    hs = [h & _MASK if type(h) is int else _hash(h) for h in hashes]
     if kind == REMOVED:
         return (REMOVED, hs, None, None, None, get("medium"), get("group_idx"))
     parent = get("parent_block_hash")
@@ -253,7 +254,9 @@ class Translator:
         if parent is not None:
             ppos = self.position.get(parent)
             pos = None if ppos is None else ppos + 1
-        if self.scheme is not None and self.counts["hash_verified"] < self.verify_limit:
+        c = self.counts
+        if self.scheme is not None and c["hash_verified"] + c["hash_mismatched"] < \
+                self.verify_limit:
             self._verify(hashes, parent, tokens, size)
         prev = parent
         for h in hashes:
@@ -263,8 +266,12 @@ class Translator:
                 self.counts["position_unknown"] += 1
             elif h not in self.position and len(self.position) < _MAX_POSITIONS:
                 self.position[h] = pos
-            out.append(("block_cached", {"block_id": block_id, "block_hash": h,
-                                         "parent_hash": prev, "position": pos}))
+            fields = {"block_id": block_id, "block_hash": h}
+            if prev is not None:  # NOTE: None fields are omitted (emit_many takes them as is)
+                fields["parent_hash"] = prev
+            if pos is not None:
+                fields["position"] = pos
+            out.append(("block_cached", fields))
             prev = h
             pos = None if pos is None else pos + 1
         self.counts["blocks_stored"] += len(hashes)
@@ -340,6 +347,20 @@ class ObservedRun:
         if len(p[0]) >= self.batch_events:
             self.flush()
         return seq
+
+    def emit_many(self, ts_ns: int, events: Emitted) -> None:
+        """Queue translated events (fields without None values) at one engine time."""
+        ts = self._ts(ts_ns)
+        seq = self.next_seq
+        n = len(events)
+        p = self._p
+        p[0].extend(range(seq, seq + n))
+        p[1].extend([ts] * n)
+        p[2].extend([e for e, _ in events])
+        p[3].extend([f for _, f in events])
+        self.next_seq = seq + n
+        if len(p[0]) >= self.batch_events:
+            self.flush()
 
     def gap(self, ts_ns: int | None, lost: int, reason: str) -> tuple[int, int]:
         """Leave ``lost`` seqs as a hole and write the ``recorder_gap`` covering it."""
@@ -569,10 +590,8 @@ class Listener:
         apply = self.tr.apply
         for ev in events:
             apply(ev, out)
-        ts_ns = self.ts_of(batch_wall)
-        emit = self.run.emit
-        for name, fields in out:
-            emit(ts_ns, name, fields)
+        if out:
+            self.run.emit_many(self.ts_of(batch_wall), out)
 
     def tick(self, now_wall_ns: int) -> None:
         """Idle tick: claims whose time has come on the wall clock; periodic flush."""
