@@ -37,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replay", default=None,
                    help="vLLM's replay (ROUTER) endpoint, e.g. tcp://127.0.0.1:5558")
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (default: all)")
+    p.add_argument("--data-parallel-rank", type=int, default=0, metavar="RANK",
+                   help="listen to this DP rank: vLLM adds the rank to both ports (default 0)")
     p.add_argument("--claims", type=Path, default=None,
                    help="claims file (JSON Lines, or YAML); see docs/stock-vllm.md")
     p.add_argument("--out", required=True, type=Path, help="run directory to create")
@@ -94,8 +96,12 @@ def cmd_listen(args: argparse.Namespace) -> int:
     """``kvclaims listen``: run until SIGINT/SIGTERM or ``--duration``, then close the run."""
     from recorder import kv_events as kv
 
-    endpoint = kv.check_endpoint(args.endpoint)
-    replay_ep = None if args.replay is None else kv.check_endpoint(args.replay, "--replay")
+    if args.data_parallel_rank < 0:
+        raise InputError("--data-parallel-rank must be >= 0")
+    rank = args.data_parallel_rank
+    endpoint = kv.check_endpoint(args.endpoint, bind=args.bind, rank=rank)
+    replay_ep = (None if args.replay is None
+                 else kv.check_endpoint(args.replay, "--replay", rank=rank))
     for name in ("block_size", "num_blocks"):
         val = getattr(args, name)
         if val is not None and val < 1:
@@ -113,7 +119,8 @@ def cmd_listen(args: argparse.Namespace) -> int:
         info = kv.run_info(args.run_id or args.out.name, model=args.model,
                            block_size=args.block_size, num_blocks=args.num_blocks,
                            source={"endpoint": endpoint, "bind": args.bind,
-                                   "replay": replay_ep, "topic": args.topic},
+                                   "replay": replay_ep, "topic": args.topic,
+                                   "data_parallel_rank": rank},
                            scheme=scheme)
         run = kv.ObservedRun(args.out, info)
         listener = kv.Listener(run, kv.Translator(scheme), claims=claims, replay=replay,

@@ -63,6 +63,7 @@ _GPU_MEDIA: Final[frozenset[Any]] = frozenset({None, "GPU", "gpu"})
 _MAX_POSITIONS: Final[int] = 4_000_000  # content hashes whose chain position is remembered
 _MAX_GAP_NOTES: Final[int] = 100
 _MASK: Final[int] = 0xFFFF_FFFF_FFFF_FFFF
+CLOCK_GRACE_NS: Final[int] = 2_000_000_000
 
 # Conformance checks an observed run cannot exercise, and why (also in the manifest).
 NOT_EXERCISED: Final[dict[str, str]] = {
@@ -383,10 +384,19 @@ class ObservedRun:
             batch = pending_to_batch(chunk, self.run_id)
         except Exception:  # noqa: BLE001 - a translator bug must not lose the whole chunk
             batch = self._without_invalid(chunk)
-        if batch is not None:
+        if batch is None:
+            return
+        try:
             self.writer.write_batch(batch)
             self.rows += batch.num_rows
-        self.writer.maybe_rotate()
+            self.writer.maybe_rotate()
+        except Exception as exc:  # noqa: BLE001 - disk full, directory removed: keep going
+            # NOTE: the events are lost, not the listener: their seqs become a gap
+            self.errors.append(f"write: {exc!r}"[:300])
+            self.dropped += batch.num_rows
+            self.emit(None, "recorder_gap", {"first_seq": chunk[0][0], "last_seq": chunk[0][-1],
+                                             "events_dropped": batch.num_rows,
+                                             "reason": "write_failed"})
 
     def _without_invalid(self, chunk: Any) -> Any:
         keep = [i for i, (e, f) in enumerate(zip(chunk[2], chunk[3]))
@@ -411,9 +421,15 @@ class ObservedRun:
                                          "events_dropped": self.dropped})
         self.flush()
         self.writer.set_counters(events_dropped=self.dropped, recorder_errors=len(self.errors))
+        if self.errors:
+            self.writer.set_extra("recorder_error_samples", self.errors[:10])
         for key, value in (extra or {}).items():
             self.writer.set_extra(key, value)
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as exc:
+            raise InputError(f"{self.writer.run_dir}: cannot close the run: "
+                             f"{exc.strerror or exc}") from None
 
 
 # -- the listener (frames -> events, gaps, replay, claims) ------------------------------------
@@ -594,8 +610,13 @@ class Listener:
             self.run.emit_many(self.ts_of(batch_wall), out)
 
     def tick(self, now_wall_ns: int) -> None:
-        """Idle tick: claims whose time has come on the wall clock; periodic flush."""
-        self.due(now_wall_ns)
+        """Idle tick: claims whose time has come on the wall clock; periodic flush.
+
+        NOTE: a batch stamped before a claim's time may still be on its way (vLLM's publisher
+        queue, the network), so on the wall clock a claim is placed only ``CLOCK_GRACE_NS``
+        after its time; while batches flow, their own stamps place it exactly.
+        """
+        self.due(now_wall_ns - CLOCK_GRACE_NS)
         self.run.flush()
 
     def summary(self) -> dict[str, Any]:
@@ -691,14 +712,22 @@ def _zmq() -> Any:
     return zmq
 
 
-def check_endpoint(endpoint: str, name: str = "--endpoint") -> str:
-    """``tcp://HOST:PORT`` (or ipc://...); one clear line otherwise."""
+def check_endpoint(endpoint: str, name: str = "--endpoint", *, bind: bool = False,
+                   rank: int = 0) -> str:
+    """``tcp://HOST:PORT`` (or ipc://...), with vLLM's data-parallel offset applied (port +
+    rank; ipc: ``_dp<rank>`` suffix); one clear line otherwise. Binding every interface is
+    refused: services bind a named address (loopback)."""
     if endpoint.startswith("ipc://") and len(endpoint) > 6:
-        return endpoint
+        return endpoint if rank == 0 else f"{endpoint}_dp{rank}"
     if endpoint.startswith("tcp://"):
         host, _, port = endpoint[6:].rpartition(":")
         if host and port.isdigit() and 0 < int(port) < 65536:
-            return endpoint
+            if bind and host in ("*", "0.0.0.0", "[::]", "::"):
+                raise InputError(f"{name} {endpoint}: binding every interface is refused; "
+                                 "bind a named address such as tcp://127.0.0.1:PORT")
+            if int(port) + rank >= 65536:
+                raise InputError(f"{name} {endpoint}: port + rank {rank} exceeds 65535")
+            return f"tcp://{host}:{int(port) + rank}"
     raise InputError(f"{name} {endpoint!r} is not tcp://HOST:PORT or ipc://PATH")
 
 

@@ -491,3 +491,71 @@ def test_a_bad_endpoint_is_one_clear_line(tmp_path, capsys):
     assert main(["listen", "--endpoint", "localhost:5557", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tcp://HOST:PORT" in err[0]
+
+
+def test_a_capture_cut_off_mid_record_imports_its_complete_frames(tmp_path):
+    cap = tmp_path / "cap.bin"
+    with kv.open_capture(cap) as fh:
+        kv.write_capture_record(fh, 10**18, b"", (0).to_bytes(8, "big"),
+                                payload([stored(toks(1, 2))], 1.0))
+        kv.write_capture_record(fh, 10**18, b"", (1).to_bytes(8, "big"), payload([], 2.0))
+    cap.write_bytes(cap.read_bytes()[:-3])
+    summary = kv.import_capture(cap, tmp_path / "r")
+    m = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert summary["batches"] == 1 and "cut off after 1 complete" in m["capture_truncated"]
+
+
+def test_a_complete_capture_notes_no_truncation(tmp_path):
+    cap = tmp_path / "cap.bin"
+    with kv.open_capture(cap) as fh:
+        kv.write_capture_record(fh, 10**18, b"", (0).to_bytes(8, "big"), payload([], 1.0))
+    kv.import_capture(cap, tmp_path / "r")
+    assert "capture_truncated" not in json.loads((tmp_path / "r" / "manifest.json").read_text())
+
+
+def test_data_parallel_rank_offsets_the_port_like_vllm():
+    assert kv.check_endpoint("tcp://127.0.0.1:5557", rank=2) == \
+        vkv.ZmqEventPublisher.offset_endpoint_port("tcp://127.0.0.1:5557", 2)
+    assert kv.check_endpoint("tcp://127.0.0.1:5557", rank=0) == "tcp://127.0.0.1:5557"
+
+
+def test_binding_every_interface_is_refused():
+    with pytest.raises(kv.InputError, match="every interface"):
+        kv.check_endpoint("tcp://*:5557", bind=True)
+    assert kv.check_endpoint("tcp://*:5557") == "tcp://*:5557"  # connecting to it is fine
+
+
+def test_a_failed_write_becomes_a_gap_and_the_listener_goes_on(tmp_path, monkeypatch):
+    run = kv.ObservedRun(tmp_path / "r", kv.run_info("r"), batch_events=1)
+    real = run.writer.write_batch
+    calls = {"n": 0}
+
+    def flaky(batch):  # NOTE: stands in for a full disk, which this machine cannot provide
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real(batch)
+
+    monkeypatch.setattr(run.writer, "write_batch", flaky)
+    lis = kv.Listener(run, kv.Translator(), warn=lambda m: None)
+    lis.on_batch(0, payload([stored(toks(1, 1))], 1.0), time.time_ns())
+    lis.on_batch(1, payload([stored(toks(2, 1))], 2.0), time.time_ns())
+    lis.close()
+    rows = query(tmp_path / "r", "SELECT event, first_seq, last_seq, reason FROM events "
+                                 "WHERE event IN ('recorder_gap', 'block_cached') ORDER BY seq")
+    # the first batch's block is written, the second's is lost and covered by the gap
+    assert rows == [("block_cached", None, None, None), ("recorder_gap", 2, 2, "write_failed")]
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["complete"]
+
+
+def test_a_claim_waits_out_the_clock_grace_on_an_idle_listener(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"claim_id": "c", "tenant": "t", "from": 1000,
+                             "block_hashes": [1]}) + "\n")
+    run = kv.ObservedRun(tmp_path / "r", kv.run_info("r"))
+    lis = kv.Listener(run, kv.Translator(), claims=load_claims(f), warn=lambda m: None)
+    lis.tick(1001 * 10**9)
+    assert lis.summary()["claims_started"] == 0
+    lis.tick(1003 * 10**9)
+    assert lis.summary()["claims_started"] == 1
+    lis.close()
