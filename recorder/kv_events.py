@@ -10,7 +10,8 @@ the batches from a given seq. This module turns that stream into an ordinary kvc
 directory (``recorder.trace_writer.RunWriter``), so the reconstructor, SQL and dashboard read
 it like any other run; the manifest says ``"evidence": "observed"``.
 
-What the evidence is, and is not (docs/stock-vllm.md):
+What the evidence is, and is not (docs/design.md "Evidence: recorded or observed";
+docs/stock-vllm.md):
 
 - ``BlockStored`` -> one ``block_cached`` per hash: ``parent_hash`` from the chain, ``position``
   from the parent's position (0 when the parent is None; NULL when the parent was never seen);
@@ -626,6 +627,8 @@ class Listener:
                   else "mismatch" if tr["hash_mismatched"]
                   else "verified" if tr["hash_verified"] else "not_seen")
         return {**self.counts, **tr, "block_size_seen": self.tr.block_size,
+                # the pair that maps ts_ns to UTC: ts_ns = mono + (utc_ns - wall)
+                "clock": {"utc_ns": self.wall0, "ts_ns": self.mono0},
                 "data_parallel_ranks": sorted(self.dp_ranks), "gaps": self.gap_notes,
                 "hash_check": status, "claims_started": self._claims_started,
                 "claims_rejected": list(self._claims_rejected),
