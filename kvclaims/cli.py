@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from recorder.schema import InputError
 
-_PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands")
+_PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands",
+          "kvclaims.listening")
 
 
 def build_parser() -> argparse.ArgumentParser:

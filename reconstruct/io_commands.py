@@ -17,7 +17,7 @@ from typing import Any
 
 from recorder.schema import InputError
 
-IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl")
+IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl", "vllm-kv-events")
 
 
 def register(subparsers: Any) -> None:
@@ -78,6 +78,11 @@ def cmd_import(args: argparse.Namespace) -> int:
             _warn([f"{path}: {note}" for note in getattr(summary, "notes", [])])
         events = jsonl.validate_events(converted, path.name)
         dirs = jsonl.import_events(events, args.out, source=path.name, extra=extra)
+    elif args.source_format == "vllm-kv-events":  # a `kvclaims listen --capture` file
+        from recorder.kv_events import import_capture
+
+        import_capture(path, args.out, warn=lambda m: _warn([f"{path}: {m}"]))
+        dirs = [Path(args.out)]
     else:
         dirs = jsonl.import_jsonl(path, args.out)
     for d in dirs:
