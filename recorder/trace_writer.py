@@ -632,7 +632,8 @@ class RunWriter:
         """Close the last segment and write the final manifest with ``complete: true``.
 
         Idempotent. A manifest the disk refuses is retried for about a second (the run is
-        shutting down; nothing waits on it), then left as the last one written.
+        shutting down; nothing waits on it), then left as the last one written and
+        ``WriteError`` is raised (the caller counts it).
         """
         if self._closed:
             return
@@ -645,6 +646,8 @@ class RunWriter:
             time.sleep(delay)
             if self._try_write_manifest():
                 return
+        raise WriteError(errno.EIO, f"{self.run_dir}: final manifest not written "
+                                    f"({self.last_write_error}); the run reads as incomplete")
 
     def __enter__(self) -> RunWriter:
         return self
