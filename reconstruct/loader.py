@@ -672,6 +672,14 @@ def read_run(run: RunDir, report: Callable[[str], None],
     version = run.manifest["schema_version"]
     recorded = "imported_from" not in run.manifest
     first_seen = False
+    mine: list[Hole] = []  # this run's holes (the head and tail checks look at them)
+    outer_on_hole = on_hole
+
+    def on_hole(hole: Hole) -> None:  # type: ignore[no-redef]
+        mine.append(hole)
+        if outer_on_hole is not None:
+            outer_on_hole(hole)
+
     for i, seg in enumerate(run.segments):
         rows = 0
         entry = listed[i] if i < len(listed) else {}
@@ -692,7 +700,7 @@ def read_run(run: RunDir, report: Callable[[str], None],
             if not first_seen:
                 first_seen = True
                 head = batch.column("seq")[0].as_py()
-                covered = any(h.run_id == run.run_id and h.first_seq == 0 for h in _REPORTED)
+                covered = any(h.first_seq == 0 for h in mine)
                 if not covered and (head != 0 or (
                         recorded and batch.column("event")[0].as_py() != "run_started")):
                     _hole(run, str(seg), 0, head - 1 if head > 0 else 0, "missing_head",
@@ -738,7 +746,7 @@ def read_run(run: RunDir, report: Callable[[str], None],
     elif run.manifest["complete"] and listed:
         final = listed[-1].get("last_seq")
         if isinstance(final, int) and prev is not None and prev < final and not any(
-                h.run_id == run.run_id and h.last_seq in (None, final) for h in _REPORTED):
+                h.last_seq in (None, final) for h in mine):
             _hole(run, str(run.path), prev + 1, final, "missing_tail",
                   "the complete run ends before its manifest says", report, on_hole)
 

@@ -387,3 +387,66 @@ def test_iter_batches_reports_truncations(tmp_path: Path) -> None:
     notes: list[str] = []
     list(iter_batches([run], truncations=notes))
     assert len(notes) == 1 and str(seg) in notes[0]
+
+
+# -- integrity: checksums, head, tail, manifest values -------------------------------------------
+
+def test_a_damaged_middle_batch_is_a_hole_and_later_batches_still_load(tmp_path: Path) -> None:
+    run = _record(tmp_path / "run", n=30, batch_events=10)
+    seg = run / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    g = scan_stream(bytes(data), str(seg)).groups[1]  # seqs 10..19 (run_started is 0)
+    data[(g.meta_end + g.end) // 2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    trace = load_runs([run])
+    seqs = trace.events.column("seq").to_pylist()
+    (hole,) = trace.holes
+    assert (hole.reason, hole.first_seq, hole.last_seq) == ("corrupt_batch", 11, 20)
+    assert 11 not in seqs and 21 in seqs and seqs[-1] == 31
+    assert trace.truncated_runs == {"r1"}
+
+
+def test_an_intact_batch_is_not_a_hole(tmp_path: Path) -> None:
+    run = _record(tmp_path / "run", n=30, batch_events=10)
+    assert load_runs([run]).holes == []
+
+
+def test_a_removed_head_is_a_hole(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    w = RunWriter(run, {"run_id": "r1"})
+    w.write_batch(build_batch([300, 301], [1, 2], ["block_freed"] * 2, "r1",
+                              {"block_id": [1, 2]}))
+    w.close()
+    (hole,) = load_runs([run]).holes
+    assert (hole.reason, hole.first_seq, hole.last_seq) == ("missing_head", 0, 299)
+
+
+def test_an_emptied_last_segment_of_a_complete_run_is_a_hole(tmp_path: Path) -> None:
+    run = _record(tmp_path / "run", n=50, rotate_bytes=1)
+    last = sorted(run.glob("events-*.arrows"))[-1]
+    last.write_bytes(b"")
+    trace = load_runs([run])
+    assert any(h.reason in ("truncated", "missing_tail") for h in trace.holes)
+    assert trace.truncated_runs == {"r1"}
+
+
+@pytest.mark.parametrize("key,raw", [
+    ("usable_blocks", str(2**40)), ("usable_blocks", "9" * 5000), ("schema_version", "[]"),
+    ("block_size", "1e999"), ("events_written", "-1"), ("model", "5"),
+    ("segments", "[" * 100000 + "]" * 100000), ("clock", "3")])
+def test_hostile_manifest_values_are_one_clear_error(tmp_path: Path, key: str, raw: str) -> None:
+    run = _record(tmp_path / "run")
+    text = json.dumps({**_manifest(run), key: "__X__"}).replace('"__X__"', raw)
+    (run / "manifest.json").write_text(text)
+    with pytest.raises(TraceError, match="manifest"):
+        load_runs([run])
+
+
+def test_out_of_range_values_in_a_segment_are_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    w = RunWriter(run, {"run_id": "r1"})
+    w.write_batch(build_batch([0], [1], ["block_cached"], "r1",
+                              {"block_id": [1], "position": [2**31 - 1]}))
+    w.close()
+    with pytest.raises(TraceError, match="seq 0: field 'position' is 2147483647"):
+        load_runs([run])
