@@ -43,6 +43,17 @@ _WRAPPED: Final = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w+(?:Error|Exception)): 
 _INPUT_ERRORS: Final[frozenset[str]] = frozenset({"TraceError", "InputError", "SchemaError"})
 
 
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (building it costs more than most commands)."""
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = build_parser()
+    return _PARSER
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser with every part's subcommands registered."""
     parser = argparse.ArgumentParser(prog="kvclaims", description=__doc__.splitlines()[0])
@@ -121,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     from reconstruct import loader
 
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     command = getattr(args, "command", "?")
     loader.take_reported_holes()  # NOTE: count only this command's holes
     try:

@@ -555,8 +555,9 @@ def _parse_line(text: str, where: str) -> dict[str, Any]:
     if name not in KNOWN_EVENTS:
         raise InputError(f"{where}: unknown prototype event {name!r}")
     version = rec.get("schema_version")
-    if version not in SUPPORTED_PROTOTYPE_SCHEMA_VERSIONS:
-        raise InputError(f"{where}: unsupported prototype schema_version {version!r} "
+    if not isinstance(version, int) or isinstance(version, bool) \
+            or version not in SUPPORTED_PROTOTYPE_SCHEMA_VERSIONS:
+        raise InputError(f"{where}: unsupported prototype schema_version {str(version)[:40]} "
                          f"(supported: {sorted(SUPPORTED_PROTOTYPE_SCHEMA_VERSIONS)})")
     ts = rec.get("timestamp_ns")
     if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts < 2**63:

@@ -471,12 +471,20 @@ def decode_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
             arrays.append(pa.nulls(batch.num_rows, f.type))
             continue
         col = batch.column(idx)
-        arrays.append(col.dictionary_decode() if pa.types.is_dictionary(col.type) else col)
+        if pa.types.is_dictionary(col.type):
+            # NOTE: most columns are null for every event of a batch: no take() for those
+            col = (pa.nulls(len(col), f.type) if col.null_count == len(col)
+                   else col.dictionary_decode())
+        arrays.append(col)
     return pa.RecordBatch.from_arrays(arrays, schema=EVENTS_SCHEMA)
 
 
 def check_ranges(batch: pa.RecordBatch, name: str) -> None:
-    """Refuse values outside ``VALUE_RANGES`` (naming column and seq): readers rely on them."""
+    """Refuse values outside ``VALUE_RANGES`` (naming column and seq): readers rely on them.
+
+    NOTE: one min/max kernel per non-null column; the offending row is looked up only when
+    a bound is broken.
+    """
     for col, (lo, hi) in VALUE_RANGES.items():
         idx = batch.schema.get_field_index(col)
         if idx < 0:
@@ -484,14 +492,19 @@ def check_ranges(batch: pa.RecordBatch, name: str) -> None:
         arr = batch.column(idx)
         if arr.null_count == len(arr):
             continue
+        mm = pc.min_max(arr)
+        low, high = mm["min"].as_py(), mm["max"].as_py()
+        nan = pa.types.is_floating(arr.type) and pc.any(pc.is_nan(arr)).as_py()
+        if low >= lo and high <= hi and not nan and (
+                not pa.types.is_floating(arr.type) or math.isfinite(low + high)):
+            continue
         bad = pc.invert(pc.and_kleene(pc.greater_equal(arr, lo), pc.less_equal(arr, hi)))
         if pa.types.is_floating(arr.type):
             bad = pc.or_kleene(bad, pc.is_nan(arr))
-        if pc.any(bad).as_py():
-            i = pc.index(bad, True).as_py()
-            seq = batch.column("seq")[i].as_py()
-            problem = range_problem(col, arr[i].as_py()) or f"field '{col}' is out of range"
-            raise TraceError(f"{name}: seq {seq}: {problem}")
+        i = pc.index(pc.fill_null(bad, False), True).as_py()
+        seq = batch.column("seq")[i].as_py()
+        problem = range_problem(col, arr[i].as_py()) or f"field '{col}' is out of range"
+        raise TraceError(f"{name}: seq {seq}: {problem}")
 
 
 @dataclass
