@@ -297,3 +297,67 @@ def test_the_door_catches_what_the_fuzzer_is_looking_for(work: Path) -> None:
     src.write_text('{"run_id": "r", "seq": 0, "ts_ns": 1, "event": "no_such_event"}\n')
     rc, _o, err = run_cli(["import", str(src), "--out", str(work / "bad-out")])
     assert rc == 2 and err.startswith("kvclaims import: error: ")
+
+
+# -- the door, one behaviour at a time -----------------------------------------------------------
+
+def _small_run(work: Path) -> Path:
+    run = work / "small"
+    if not run.exists():
+        record_run(run, None)
+    return run
+
+
+def test_stdout_closed_early_exits_quietly(work: Path) -> None:
+    import subprocess
+    import sys
+
+    run = _small_run(work)
+    proc = subprocess.run(
+        f"{sys.executable} -m kvclaims.cli export {run} --format jsonl | head -c 10",
+        shell=True, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout and proc.stderr == b""
+
+
+def test_an_interrupt_is_status_130_without_a_traceback(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconstruct import jsonl
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        signal.raise_signal(signal.SIGINT)  # a real SIGINT, as Ctrl-C sends
+
+    monkeypatch.setattr(jsonl, "import_jsonl", interrupted)
+    rc, _o, err = run_cli(["import", str(ROOT / "tests/fixtures/gap.jsonl"),
+                           "--out", str(work / "int")])
+    assert rc == 130 and "Traceback" not in err and "interrupted" in err
+
+
+def test_an_output_directory_that_cannot_be_written_is_one_line(work: Path) -> None:
+    rc, _o, err = run_cli(["import", str(ROOT / "tests/fixtures/gap.jsonl"),
+                           "--out", "/proc/kvclaims-cannot-write-here/run"])
+    assert rc == 2 and err.count("\n") == 1 and "/proc/kvclaims-cannot-write-here" in err
+
+
+def test_an_unreadable_input_path_is_one_line() -> None:
+    rc, _o, err = run_cli(["export", "/proc/1", "--format", "jsonl"])
+    assert rc == 2 and err.startswith("kvclaims export: error: /proc/1")
+
+
+def test_debug_shows_the_traceback_the_default_hides(work: Path) -> None:
+    args = ["export", str(work / "no-such-run"), "--format", "jsonl"]
+    rc, _o, err = run_cli(args)
+    rc_debug, _o, err_debug = run_cli(["--debug"] + args)
+    assert rc == rc_debug == 2
+    assert "Traceback" not in err and "Traceback" in err_debug
+
+
+def test_a_partial_result_is_status_3(work: Path) -> None:
+    run = work / "partial"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(_small_run(work), run)
+    seg = sorted(run.glob("events-*.arrows"))[-1]
+    seg.write_bytes(seg.read_bytes()[:-100])
+    rc, _o, err = run_cli(["export", str(run), "--format", "jsonl"])
+    assert rc == 3 and "partial result" in err
+    rc_ok, _o, err_ok = run_cli(["export", str(_small_run(work)), "--format", "jsonl"])
+    assert rc_ok == 0 and err_ok == ""
