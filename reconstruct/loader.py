@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 
 from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
                              SCHEMA_VERSION, InputError)
-from recorder.trace_writer import (CHECKSUM_SCHEME, HEADER_DICTIONARY, HEADER_RECORD_BATCH,
-                                   HEADER_SCHEMA, MANIFEST_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX,
+from recorder.trace_writer import (CHECKSUM_SCHEME, HEADER_RECORD_BATCH, HEADER_SCHEMA,
+                                   MANIFEST_NAME, SEALED_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX,
                                    batch_group_crc, find_checksum_tag, message_header)
 
 _SEGMENT_RE: Final = re.compile(
@@ -669,15 +669,79 @@ def _hole(run: RunDir, file: str, first: int, last: int | None, reason: str, why
         report(msg)
 
 
+def _sealed_entry(run: RunDir) -> dict[str, Any] | None:
+    """The manifest's sealed-Parquet entry when it is usable (a complete run, file present)."""
+    sealed = run.manifest.get("sealed")
+    if not (run.manifest["complete"] and isinstance(sealed, dict)
+            and sealed.get("file") == SEALED_NAME and _is_int(sealed.get("events"))):
+        return None
+    path = run.path / SEALED_NAME
+    return sealed if path.is_file() else None
+
+
+def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    """Yield the batches of a run's ``events.parquet`` (checked like segment batches).
+
+    Raises ``TraceError`` when it disagrees with the manifest, and pyarrow/OS errors for a
+    damaged file (page checksums are verified); ``read_run`` then falls back to the segments.
+    """
+    import pyarrow.parquet as pq
+
+    path = run.path / SEALED_NAME
+    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
+    listed = sum(s.get("events") or 0 for s in run.manifest["segments"])
+    if pf.metadata.num_rows != sealed["events"] or pf.metadata.num_rows != listed:
+        raise TraceError(f"{path}: holds {pf.metadata.num_rows} events, the manifest says "
+                         f"{sealed['events']} (segments: {listed})")
+    if not pf.schema_arrow.equals(EVENTS_SCHEMA, check_metadata=False):
+        raise TraceError(f"{path}: schema differs from the events schema")
+    for batch in pf.iter_batches(batch_size=1 << 16):
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA)
+        check_ranges(batch, str(path))
+        yield batch
+
+
 def read_run(run: RunDir, report: Callable[[str], None],
-             on_hole: Callable[[Hole], None] | None = None) -> Iterator[pa.RecordBatch]:
+             on_hole: Callable[[Hole], None] | None = None, *,
+             sealed: bool = True) -> Iterator[pa.RecordBatch]:
     """Yield a run's decoded, checked batches in seq order.
 
-    Whatever cannot be delivered is reported (``report`` gets one line per problem; ``on_hole``
-    a ``Hole``): a cut last segment, a damaged batch, a segment lacking a required column, a
-    missing head (the run does not start with ``run_started`` at seq 0) or a missing tail (a
-    complete run that ends before its manifest says).
+    A complete run sealed into ``events.parquet`` is read from it (``sealed=False``: always
+    from the IPC segments); a sealed file that is damaged or disagrees with the manifest is
+    reported and the segments are read instead, from where it stopped. Whatever cannot be
+    delivered is reported (``report`` gets one line per problem; ``on_hole`` a ``Hole``): a cut
+    last segment, a damaged batch, a segment lacking a required column, a missing head (the run
+    does not start with ``run_started`` at seq 0) or a missing tail (a complete run that ends
+    before its manifest says).
     """
+    skip_through: int | None = None
+    entry = _sealed_entry(run) if sealed else None
+    if entry is not None:
+        prev_sealed: int | None = None
+        try:
+            for batch in read_sealed(run, entry):
+                if batch.num_rows == 0:
+                    continue
+                if prev_sealed is None:
+                    head = batch.column("seq")[0].as_py()
+                    if head != 0 or ("imported_from" not in run.manifest and
+                                     batch.column("event")[0].as_py() != "run_started"):
+                        raise TraceError(f"{run.path / SEALED_NAME}: does not start at seq 0")
+                prev_sealed = _check_batch(batch, run.run_id, prev_sealed,
+                                           str(run.path / SEALED_NAME))
+                yield batch
+            return
+        except (TraceError, pa.ArrowException, OSError, ValueError) as exc:
+            report(f"{run.path / SEALED_NAME}: sealed copy unusable ({_one_line(exc)}); "
+                   "reading the segments instead")
+            skip_through = prev_sealed
+    yield from _read_segments(run, report, on_hole, skip_through)
+
+
+def _read_segments(run: RunDir, report: Callable[[str], None],
+                   on_hole: Callable[[Hole], None] | None,
+                   skip_through: int | None) -> Iterator[pa.RecordBatch]:
+    """``read_run`` over the IPC segments; batches up to ``skip_through`` were delivered."""
     prev: int | None = None
     listed = run.manifest["segments"]
     last = len(run.segments) - 1
@@ -708,6 +772,18 @@ def read_run(run: RunDir, report: Callable[[str], None],
                                   expect_checksums=expect, version=version,
                                   eos_expected=entry.get("eos", True) is not False,
                                   found=found):
+            if skip_through is not None and batch.num_rows:
+                first_seen = True
+                rows += batch.num_rows  # counted against the manifest, not yielded twice
+                seq_col = batch.column("seq")
+                if seq_col[batch.num_rows - 1].as_py() <= skip_through:
+                    prev = seq_col[batch.num_rows - 1].as_py()
+                    if seg_first is None:
+                        seg_first = seq_col[0].as_py()
+                    continue
+                rows -= batch.num_rows
+                batch = batch.filter(pc.greater(seq_col, skip_through))
+                skip_through = None
             if batch.num_rows == 0:
                 continue
             if not first_seen:
@@ -766,7 +842,8 @@ def read_run(run: RunDir, report: Callable[[str], None],
 
 def iter_batches(paths: Sequence[str | Path], *,
                  truncations: list[str] | None = None,
-                 holes: list[Hole] | None = None) -> Iterator[pa.RecordBatch]:
+                 holes: list[Hole] | None = None,
+                 sealed: bool = True) -> Iterator[pa.RecordBatch]:
     """Stream the decoded batches of every run the paths name (by run_id, then seq).
 
     Every run is found and its manifest checked before the first batch is yielded; segment
@@ -776,15 +853,18 @@ def iter_batches(paths: Sequence[str | Path], *,
     runs = open_runs(paths)
     sink = truncations.append if truncations is not None else (lambda _msg: None)
     for run in runs:
-        yield from read_run(run, sink, holes.append if holes is not None else None)
+        yield from read_run(run, sink, holes.append if holes is not None else None,
+                            sealed=sealed)
 
 
 def batch_reader(paths: Sequence[str | Path], *,
                  truncations: list[str] | None = None,
-                 holes: list[Hole] | None = None) -> pa.RecordBatchReader:
+                 holes: list[Hole] | None = None,
+                 sealed: bool = True) -> pa.RecordBatchReader:
     """``iter_batches`` as a ``pa.RecordBatchReader`` (DuckDB can scan it once, streaming)."""
     return pa.RecordBatchReader.from_batches(
-        EVENTS_SCHEMA, iter_batches(paths, truncations=truncations, holes=holes))
+        EVENTS_SCHEMA, iter_batches(paths, truncations=truncations, holes=holes,
+                                    sealed=sealed))
 
 
 # -- the loaded trace -------------------------------------------------------------------------
@@ -854,7 +934,7 @@ def _fact(value: Any, typ: pa.DataType) -> Any:
     return value if isinstance(value, str) else None
 
 
-def load_runs(paths: Sequence[str | Path]) -> Trace:
+def load_runs(paths: Sequence[str | Path], *, sealed: bool = True) -> Trace:
     """Load every run the paths name (run dirs or sweep dirs) into one ``Trace``.
 
     Raises ``TraceError`` (naming the file) for anything that cannot be read as recorded.
@@ -872,6 +952,6 @@ def load_runs(paths: Sequence[str | Path]) -> Trace:
             trace.truncations.append(msg)
             trace.truncated_runs.add(rid)
 
-        batches.extend(read_run(run, note, trace.holes.append))
+        batches.extend(read_run(run, note, trace.holes.append, sealed=sealed))
     trace.events = pa.Table.from_batches(batches, schema=EVENTS_SCHEMA)
     return trace

@@ -60,7 +60,12 @@ RUN_FACTS: Final[tuple[str, ...]] = (
 _WRITER_KEYS: Final[frozenset[str]] = frozenset({
     "schema_version", "recorder_version", "segments", "events_written", "events_dropped",
     "recorder_errors", "complete", "batch_checksum", "hash_scheme", "hash_key_id", "clock",
-    "write_failures"})
+    "write_failures", "sealed"})
+
+# A closed run's events, sealed into one Parquet file (plain strings, zstd, page checksums)
+# that readers scan directly; the IPC segments stay beside it (the crash-safe source).
+SEALED_NAME: Final[str] = "events.parquet"
+SEAL_ROW_GROUP: Final[int] = 1 << 18
 
 # -- batch checksums --------------------------------------------------------------------------
 
@@ -476,6 +481,62 @@ class _Segment:
         return self.entry()
 
 
+def plain_schema() -> pa.Schema:
+    """``ARROW_SCHEMA`` with dictionary strings as plain strings (what readers get)."""
+    return pa.schema([pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type)
+                               else f.type, nullable=f.nullable) for f in ARROW_SCHEMA],
+                     metadata=ARROW_SCHEMA.metadata)
+
+
+def _plain(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    cols = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
+            for c in batch.columns]
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def seal_segments(run_dir: Path, files: list[str]) -> dict[str, Any]:
+    """Write the events of a closed run's segments as ``events.parquet``; return its manifest
+    entry ``{file, format, events, bytes}``.
+
+    NOTE: written to a tmp file, fsynced and renamed, so a crash mid-seal leaves no sealed
+    file (readers then use the segments). Page checksums let readers detect a damaged page.
+    """
+    import pyarrow.parquet as pq
+
+    schema = plain_schema()
+    final = run_dir / SEALED_NAME
+    tmp = run_dir / (SEALED_NAME + ".tmp")
+    rows = 0
+    pending: list[pa.RecordBatch] = []
+    try:
+        with pq.ParquetWriter(str(tmp), schema, compression="zstd",
+                              write_page_checksum=True) as out:
+            def flush() -> None:
+                if pending:
+                    out.write_table(pa.Table.from_batches(pending, schema=schema))
+                    pending.clear()
+
+            for name in files:
+                with pa.memory_map(str(run_dir / name), "r") as src:
+                    for batch in pa.ipc.open_stream(src):
+                        pending.append(_plain(batch, schema))
+                        rows += batch.num_rows
+                        if sum(b.num_rows for b in pending) >= SEAL_ROW_GROUP:
+                            flush()
+            flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    return {"file": SEALED_NAME, "format": "parquet", "events": rows,
+            "bytes": final.stat().st_size}
+
+
 class RunWriter:
     """Write one run's events as rotated Arrow IPC stream segments plus ``manifest.json``.
 
@@ -501,7 +562,8 @@ class RunWriter:
     def __init__(self, run_dir: str | Path, run_info: Mapping[str, Any], *,
                  rotate_bytes: int = 8 * MiB, rotate_seconds: float = 60.0,
                  compression: str | None = "zstd", hash_scheme: str | None = None,
-                 hash_key: bytes | None = None, clock: bool = True) -> None:
+                 hash_key: bytes | None = None, clock: bool = True,
+                 seal: bool = True) -> None:
         self.run_dir = Path(run_dir)
         # NOTE: most of the 40 columns are null for any one event; uncompressed they still
         # cost their full width on disk. IPC buffer compression makes them nearly free, and
@@ -509,6 +571,7 @@ class RunWriter:
         self._ipc_options = pa.ipc.IpcWriteOptions(compression=compression)
         self.rotate_bytes = int(rotate_bytes)
         self.rotate_seconds = float(rotate_seconds)
+        self.seal = bool(seal)
         scheme, self._hash_key = resolve_hash_key(hash_scheme, hash_key)
         self._manifest = _initial_manifest(run_info)
         self._manifest.update({
@@ -642,6 +705,14 @@ class RunWriter:
             self._current = None
         self._closed = True
         self._manifest["complete"] = True
+        if self.seal and self._segments and all(
+                seg.get("eos", True) for seg in self._segments):
+            try:
+                self._manifest["sealed"] = seal_segments(
+                    self.run_dir, [seg["file"] for seg in self._segments])
+            except (OSError, pa.ArrowException) as exc:  # e.g. disk full: segments suffice
+                self._manifest["write_failures"] += 1
+                self.last_write_error = f"seal: {exc}"
         for delay in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4):
             time.sleep(delay)
             if self._try_write_manifest():

@@ -83,10 +83,11 @@ def count(family: str) -> int:
 # -- inputs ------------------------------------------------------------------------------------
 
 def record_run(run_dir: Path, compression: str | None) -> Path:
-    """A real two-segment recording (realistic block events, many small batches)."""
+    """A real two-segment recording (realistic block events, many small batches); the
+    compressed one is also sealed into events.parquet, the other is read from its segments."""
     writer = RunWriter(run_dir, {"run_id": "fz", "block_size": 32, "usable_blocks": 80,
                                  "policy": "native"}, compression=compression,
-                       rotate_bytes=20_000 if compression is None else 20_000)
+                       rotate_bytes=20_000, seal=compression is not None)
     buf = EventBuffer(writer, "fz", flush_interval_s=3600)
     for i, (name, fields) in enumerate(workload(60)):
         buf.emit(name, **fields)
@@ -155,7 +156,7 @@ def test_fuzzed_segments_are_refused_reported_or_harmless(work: Path) -> None:
         comp = "zstd" if n % 10 == 0 else None  # compressed cases cost more: a tenth of them
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(bases[comp], run)
-        segs = sorted(run.glob("events-*.arrows"))
+        segs = sorted(run.glob("events-*.arrows")) + sorted(run.glob("events.parquet"))
         action = rng.randrange(10)
         if action < 8:
             seg = rng.choice(segs)

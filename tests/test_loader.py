@@ -21,7 +21,7 @@ def _record(run_dir: Path, run_id: str = "r1", n: int = 30, *, batch_events: int
     """A real run: n block_cached events, flushed (one record batch) every batch_events."""
     kwargs = {} if rotate_bytes is None else {"rotate_bytes": rotate_bytes}
     writer = RunWriter(run_dir, {"run_id": run_id, "model": "tiny", "block_size": 32},
-                       hash_scheme="vllm-raw", **kwargs)
+                       hash_scheme="vllm-raw", seal=False, **kwargs)
     buf = EventBuffer(writer, run_id, flush_interval_s=3600)
     for i in range(n):
         buf.emit("block_cached", block_id=i, block_hash=2**64 - 1 - i, position=i,
@@ -227,7 +227,7 @@ def test_current_schema_version_is_accepted(tmp_path: Path) -> None:
 
 def test_segment_from_a_future_schema_version_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     w.close()
     future = ARROW_SCHEMA.with_metadata({"kvclaims.schema_version": str(SCHEMA_VERSION + 1)})
     with pa.OSFile(str(run / segment_name(0)), "wb") as fh, pa.ipc.new_stream(fh, future):
@@ -241,7 +241,7 @@ def test_segment_from_a_future_schema_version_is_refused(tmp_path: Path) -> None
 
 def _older_run(run: Path, version: int, drop: tuple[str, ...]) -> Path:
     """A run whose one segment (no checksums, as before them) lacks the columns ``drop``."""
-    RunWriter(run, {"run_id": "r1"}).close()
+    RunWriter(run, {"run_id": "r1"}, seal=False).close()
     older = pa.schema([f for f in ARROW_SCHEMA if f.name not in drop],
                       metadata={"kvclaims.schema_version": str(version)})
     values = {"run_id": "r1", "seq": 0, "ts_ns": 5, "event": "run_started"}
@@ -323,7 +323,7 @@ def test_events_of_another_run_id_are_an_error(tmp_path: Path) -> None:
 
 def test_seq_going_backwards_is_an_error(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     for seqs in ([0, 1], [1, 2]):
         w.write_batch(build_batch(seqs, seqs, ["block_freed"] * 2, "r1", {}))
     w.close()
@@ -333,7 +333,7 @@ def test_seq_going_backwards_is_an_error(tmp_path: Path) -> None:
 
 def test_unfinished_run_is_listed_as_incomplete(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     w.write_batch(build_batch([0], [0], ["block_freed"], "r1", {}))
     # never closed: as after a crash
     trace = load_runs([run])
@@ -413,7 +413,7 @@ def test_an_intact_batch_is_not_a_hole(tmp_path: Path) -> None:
 
 def test_a_removed_head_is_a_hole(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     w.write_batch(build_batch([300, 301], [1, 2], ["block_freed"] * 2, "r1",
                               {"block_id": [1, 2]}))
     w.close()
@@ -444,7 +444,7 @@ def test_hostile_manifest_values_are_one_clear_error(tmp_path: Path, key: str, r
 
 def test_out_of_range_values_in_a_segment_are_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     w.write_batch(build_batch([0], [1], ["block_cached"], "r1",
                               {"block_id": [1], "position": [2**31 - 1]}))
     w.close()

@@ -145,7 +145,7 @@ def test_manifest_write_leaves_no_tmp_file(tmp_path: Path) -> None:
     w.write_batch(_batch(0, 4))
     w.close()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "events-000000.arrows", "manifest.json"]
+        "events-000000.arrows", "events.parquet", "manifest.json"]
 
 
 def test_segment_is_an_ipc_stream_with_the_schema(tmp_path: Path) -> None:
@@ -433,3 +433,44 @@ def test_the_token_scan_finds_token_ids_that_were_written(tmp_path: Path) -> Non
                               {"block_id": prompt, "request_id": ["q"] * n}))
     w.close()
     assert _token_windows_found(tmp_path / "run", [prompt])
+
+
+# -- sealing --------------------------------------------------------------------------------------
+
+def test_a_clean_close_seals_the_run_into_parquet(tmp_path: Path) -> None:
+    from reconstruct.loader import load_runs
+
+    w = RunWriter(tmp_path / "run", {"run_id": "r1"}, rotate_bytes=1)
+    for i in range(3):
+        w.write_batch(_batch(i * 4, 4, request_id=f"q{i}"))
+    w.close()
+    sealed = _manifest(tmp_path / "run")["sealed"]
+    assert (sealed["file"], sealed["format"], sealed["events"]) == ("events.parquet",
+                                                                    "parquet", 12)
+    via_parquet = load_runs([tmp_path / "run"]).events
+    via_ipc = load_runs([tmp_path / "run"], sealed=False).events
+    assert via_parquet.equals(via_ipc) and via_parquet.num_rows == 12
+
+
+def test_a_run_that_did_not_close_is_not_sealed(tmp_path: Path) -> None:
+    w = RunWriter(tmp_path / "run", {"run_id": "r1"})
+    w.write_batch(_batch(0, 4))
+    w.rotate()
+    assert "sealed" not in _manifest(tmp_path / "run")
+    assert not (tmp_path / "run" / "events.parquet").exists()
+
+
+def test_a_damaged_sealed_file_falls_back_to_the_segments(tmp_path: Path) -> None:
+    from reconstruct.loader import load_runs
+
+    w = RunWriter(tmp_path / "run", {"run_id": "r1"}, rotate_bytes=1)
+    for i in range(3):
+        w.write_batch(_batch(i * 4, 4))
+    w.close()
+    sealed = tmp_path / "run" / "events.parquet"
+    data = bytearray(sealed.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    trace = load_runs([tmp_path / "run"])
+    assert trace.events.column("seq").to_pylist() == list(range(12))
+    assert any("sealed copy unusable" in t for t in trace.truncations)
