@@ -328,11 +328,13 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
         if val is not None and (not _is_int(val) or not lo <= val <= hi):
             raise TraceError(f"{where}: manifest field '{key}' is {_short(val)}, expected an "
                              f"integer in {lo}..{hi} or null")
-    for key in _MANIFEST_STRS:
+    for key in ("run_id",) + _MANIFEST_STRS:
         val = manifest.get(key)
         if val is not None and not isinstance(val, str):
             raise TraceError(f"{where}: manifest field '{key}' is {_short(val)}, expected a "
                              "string or null")
+        if isinstance(val, str) and not _utf8(val):
+            raise TraceError(f"{where}: manifest field '{key}' is not valid Unicode text")
     segments = manifest.get("segments")
     if not isinstance(segments, list) or not all(
             isinstance(s, dict) and isinstance(s.get("file"), str) for s in segments):
@@ -352,6 +354,15 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
         if key != "clock" and val is not None and not isinstance(val, str):
             raise TraceError(f"{where}: manifest field '{key}' must be a string or null")
     return manifest
+
+
+def _utf8(text: str) -> bool:
+    """Whether text can be stored (JSON allows lone surrogates; UTF-8 and Arrow do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _short(value: Any) -> str:
