@@ -784,16 +784,20 @@ def _read_segments(run: RunDir, report: Callable[[str], None],
                                   eos_expected=entry.get("eos", True) is not False,
                                   found=found):
             if skip_through is not None and batch.num_rows:
+                # NOTE: the sealed file already delivered seqs up to skip_through: count them
+                # against the manifest, do not yield them twice
                 first_seen = True
-                rows += batch.num_rows  # counted against the manifest, not yielded twice
                 seq_col = batch.column("seq")
-                if seq_col[batch.num_rows - 1].as_py() <= skip_through:
+                if seg_first is None:
+                    seg_first = seq_col[0].as_py()
+                rest = batch.filter(pc.greater(seq_col, skip_through))
+                rows += batch.num_rows - rest.num_rows
+                if rest.num_rows == 0:
                     prev = seq_col[batch.num_rows - 1].as_py()
-                    if seg_first is None:
-                        seg_first = seq_col[0].as_py()
                     continue
-                rows -= batch.num_rows
-                batch = batch.filter(pc.greater(seq_col, skip_through))
+                if batch.num_rows > rest.num_rows:
+                    prev = skip_through
+                batch = rest
                 skip_through = None
             if batch.num_rows == 0:
                 continue

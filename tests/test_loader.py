@@ -450,3 +450,29 @@ def test_out_of_range_values_in_a_segment_are_refused(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(TraceError, match="seq 0: field 'position' is 2147483647"):
         load_runs([run])
+
+
+def test_a_sealed_file_failing_midway_resumes_from_the_segments_without_duplicates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.parquet as pq
+
+    from recorder import trace_writer
+
+    monkeypatch.setattr(trace_writer, "SEAL_ROW_GROUP", 8)
+    run = tmp_path / "run"
+    w = RunWriter(run, {"run_id": "r1"}, rotate_bytes=1)
+    for i in range(6):
+        names = (["run_started"] if i == 0 else ["block_freed"]) + ["block_freed"] * 4
+        w.write_batch(build_batch(list(range(i * 5, i * 5 + 5)), [0] * 5, names, "r1",
+                                  {"block_id": [None if i == 0 else 1] + [1] * 4}))
+    w.close()
+    sealed = run / "events.parquet"
+    meta = pq.ParquetFile(str(sealed)).metadata
+    assert meta.num_row_groups >= 3
+    col = meta.row_group(2).column(1)  # "seq" of the third row group
+    data = bytearray(sealed.read_bytes())
+    data[col.data_page_offset + 20] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    trace = load_runs([run])
+    assert trace.events.column("seq").to_pylist() == list(range(30))
+    assert any("sealed copy unusable" in t for t in trace.truncations) and trace.holes == []
