@@ -605,6 +605,13 @@ class RunWriter:
         """How block hashes are written (``keyed-siphash24-64``, ``vllm-raw``, ``imported``)."""
         return self._manifest["hash_scheme"]
 
+    def key_hashes(self, values: Any) -> np.ndarray:
+        """Map runtime hash values (uint64s) the way this run writes them: keyed, or as they
+        are (``vllm-raw``, ``imported``). For code that must match the trace's hashes, e.g.
+        claims declared beside the engine as block-hash chains."""
+        arr = np.asarray(values, dtype=np.uint64)
+        return siphash64(self._hash_key, arr) if self._hash_key is not None else arr
+
     @property
     def events_written(self) -> int:
         """Events handed to segments so far (closed and open)."""

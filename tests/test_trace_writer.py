@@ -474,3 +474,13 @@ def test_a_damaged_sealed_file_falls_back_to_the_segments(tmp_path: Path) -> Non
     trace = load_runs([tmp_path / "run"])
     assert trace.events.column("seq").to_pylist() == list(range(12))
     assert any("sealed copy unusable" in t for t in trace.truncations)
+
+
+def test_key_hashes_maps_values_as_the_trace_holds_them(tmp_path: Path) -> None:
+    w = RunWriter(tmp_path / "run", {"run_id": "r1"})
+    w.write_batch(_hash_batch([11, 12]))
+    mapped = [int(v) for v in w.key_hashes([11, 12])]
+    w.close()
+    assert _hashes(tmp_path / "run") == mapped and mapped != [11, 12]
+    raw = RunWriter(tmp_path / "raw", {"run_id": "r2"}, hash_scheme="vllm-raw")
+    assert [int(v) for v in raw.key_hashes([11, 12])] == [11, 12]
