@@ -6,24 +6,60 @@ Each part registers its own subcommands, so this file only wires them together:
 ``kvclaims.recording`` (record, sweep: they compose recorder and reconstructor),
 ``reconstruct.io_commands`` (import, export, query) and ``reconstruct.commands``
 (reconstruct, conformance).
+
+Exit status (docs/guarantees.md): 0 ok; 1 a check failed (e.g. conformance); 2 bad input,
+path, option or environment (one line on stderr naming the file and what is wrong); 3 the
+result is partial: the input had holes (damaged, cut or missing events), reported on stderr;
+4 an internal error (a bug: the line says so; ``--debug`` shows the traceback); 130
+interrupted (Ctrl-C); 141 stdout closed early (e.g. piped to ``head``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Final
 
 from recorder.schema import InputError
 
 _PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands",
           "kvclaims.listening")
 
+EXIT_OK: Final[int] = 0
+EXIT_CHECK_FAILED: Final[int] = 1
+EXIT_BAD_INPUT: Final[int] = 2
+EXIT_PARTIAL: Final[int] = 3
+EXIT_INTERNAL: Final[int] = 4
+EXIT_INTERRUPTED: Final[int] = 130
+EXIT_BROKEN_PIPE: Final[int] = 141
+
+# A Python exception DuckDB wrapped while scanning one of our readers: its last line names the
+# exception type and message (e.g. "reconstruct.loader.TraceError: x.arrows: ...").
+_WRAPPED: Final = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w+(?:Error|Exception)): (.+)$", re.M)
+_INPUT_ERRORS: Final[frozenset[str]] = frozenset({"TraceError", "InputError", "SchemaError"})
+
+
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (building it costs more than most commands)."""
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = build_parser()
+    return _PARSER
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser with every part's subcommands registered."""
     parser = argparse.ArgumentParser(prog="kvclaims", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true",
+                        help="show a Python traceback for errors (for bug reports)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _PARTS:
         try:
@@ -36,14 +72,92 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: each subcommand sets ``func(args) -> int`` on its parser."""
-    args = build_parser().parse_args(argv)
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """Map an exception that reached the CLI door to ``(exit status, one line)``.
+
+    NOTE: bad input arrives in many forms: our ``InputError``; DuckDB wrapping it (the
+    loader runs inside a DuckDB scan); ``OSError`` from paths and full or read-only disks;
+    ``ValueError``/``RecursionError``/``MemoryError`` from hostile JSON (huge integers, deep
+    nesting). Each is one line naming what is wrong; anything else is a bug (exit 4).
+    """
+    if isinstance(exc, InputError):
+        return EXIT_BAD_INPUT, _one_line(str(exc))
+    if _is_duckdb_error(exc):
+        text = str(exc)
+        wrapped = _WRAPPED.findall(text)
+        if wrapped:
+            kind, msg = wrapped[-1]
+            return (EXIT_BAD_INPUT if kind in _INPUT_ERRORS or kind.endswith("Error")
+                    else EXIT_INTERNAL), _one_line(msg)
+        return EXIT_BAD_INPUT, _one_line(text)
+    if isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else ""
+        what = exc.strerror or str(exc) or type(exc).__name__
+        return EXIT_BAD_INPUT, _one_line(f"{where}: {what}" if where else what)
+    if isinstance(exc, RecursionError):
+        return EXIT_BAD_INPUT, "input nested too deeply to read (e.g. deeply nested JSON)"
+    if isinstance(exc, MemoryError):
+        return EXIT_BAD_INPUT, "out of memory reading the input (is it what you meant to give?)"
+    if isinstance(exc, (ValueError, OverflowError, UnicodeError)):
+        return EXIT_BAD_INPUT, _one_line(f"bad value: {exc}")
+    return EXIT_INTERNAL, _one_line(f"internal error ({type(exc).__name__}: {exc}); "
+                                    "rerun with --debug and report it")
+
+
+def _is_duckdb_error(exc: BaseException) -> bool:
+    return any(c.__module__.split(".")[0] in ("duckdb", "_duckdb") and c.__name__ == "Error"
+               for c in type(exc).__mro__)
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[0] if lines else "error"
+    return line if len(line) <= 500 else line[:497] + "..."
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout was closed early (``| head``): Python's documented way to exit quietly."""
     try:
-        return int(args.func(args) or 0)
-    except InputError as exc:  # bad input is one clear line, never a traceback
-        print(f"kvclaims {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: each subcommand sets ``func(args) -> int`` on its parser.
+
+    Never raises (except ``SystemExit`` from ``--help`` and usage errors, status 2): every
+    error is one line on stderr and an exit status (module docstring).
+    """
+    from reconstruct import loader
+
+    args = _parser().parse_args(argv)
+    command = getattr(args, "command", "?")
+    loader.take_reported_holes()  # NOTE: count only this command's holes
+    try:
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except KeyboardInterrupt:
+        print(f"kvclaims {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (Exception, MemoryError, RecursionError) as exc:  # noqa: BLE001 - the CLI door
+        status, line = describe_error(exc)
+        if args.debug:
+            traceback.print_exc()
+        print(f"kvclaims {command}: error: {line}", file=sys.stderr)
+        return status
+    holes = loader.take_reported_holes()
+    if status == EXIT_OK and holes:
+        runs = sorted({h.run_id for h in holes})
+        print(f"kvclaims {command}: partial result: {len(holes)} hole(s) in "
+              f"{len(runs)} run(s) ({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}); "
+              "labels after a hole are unknown (exit status 3)", file=sys.stderr)
+        return EXIT_PARTIAL
+    return status
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from reconstruct.loader import range_problem
 from recorder.schema import (
     PROTECTION_MODES,
     RECORDER_VERSION,
@@ -542,6 +543,10 @@ def _parse_line(text: str, where: str) -> dict[str, Any]:
         rec = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise InputError(f"{where}: bad JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise InputError(f"{where}: bad JSON: nested too deeply") from None
     if not isinstance(rec, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     name = rec.get("event")
@@ -550,8 +555,9 @@ def _parse_line(text: str, where: str) -> dict[str, Any]:
     if name not in KNOWN_EVENTS:
         raise InputError(f"{where}: unknown prototype event {name!r}")
     version = rec.get("schema_version")
-    if version not in SUPPORTED_PROTOTYPE_SCHEMA_VERSIONS:
-        raise InputError(f"{where}: unsupported prototype schema_version {version!r} "
+    if not isinstance(version, int) or isinstance(version, bool) \
+            or version not in SUPPORTED_PROTOTYPE_SCHEMA_VERSIONS:
+        raise InputError(f"{where}: unsupported prototype schema_version {str(version)[:40]} "
                          f"(supported: {sorted(SUPPORTED_PROTOTYPE_SCHEMA_VERSIONS)})")
     ts = rec.get("timestamp_ns")
     if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts < 2**63:
@@ -606,6 +612,12 @@ def convert_lines(lines: Iterable[str], source_name: str) -> ConvertedTrace:
             check_event(event)  # the contract: every output event fits our vocabulary
         except SchemaError as exc:  # e.g. a position beyond int32: name the input line
             raise InputError(f"{where}: cannot import as '{name}': {exc}") from None
+        for key, val in fields.items():
+            # NOTE: the ranges every reader relies on; also bounds the work below (a
+            # threshold of 2**31 blocks must not make the importer build a 2**31-set)
+            problem = range_problem(key, val)
+            if problem:
+                raise InputError(f"{where}: cannot import as '{name}': {problem}")
         out.append(event)
 
     for lineno, text in enumerate(lines, start=1):
@@ -676,10 +688,12 @@ def _ordering_notes(st: _State, events: list[dict[str, Any]]) -> None:
         elif e["event"] == "claim_materialized":
             k = thresholds.get(e["claim_id"])
             have = bound.get(e["claim_id"], set())
-            if k is not None and not set(range(k)) <= have:
+            # NOTE: counted over the bound positions, never range(k): k comes from the file
+            covered = sum(1 for p in have if 0 <= p < k) if k is not None else 0
+            if k is not None and covered < k:
                 st.note(f"claim_materialized (seq {e['seq']}) for claim {e['claim_id']!r} "
                         f"comes before all of positions 0..{k - 1} are bound and cached "
-                        f"({len(have & set(range(k)))} of {k}): the prototype reports it a "
+                        f"({covered} of {k}): the prototype reports it a "
                         f"step early. Kept in file order.")
 
 
@@ -693,6 +707,8 @@ def convert_file(path: str | Path) -> ConvertedTrace:
             return convert_lines(_decoded_lines(fh, str(path)), str(path))
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def _decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterable[str]:

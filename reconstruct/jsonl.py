@@ -1,6 +1,6 @@
 """The JSON Lines interchange encoding of traces: read, import into run dirs, export.
 
-One JSON object per line, with the same field names as the Arrow columns (DESIGN.md §3). On
+One JSON object per line, with the same field names as the Arrow columns (docs/design.md, "Event vocabulary"). On
 export, keys follow the schema's column order and null fields are omitted; that is the
 *canonical* form, and canonical input survives JSONL -> run dir -> JSONL byte for byte.
 
@@ -25,8 +25,8 @@ import pyarrow as pa
 from recorder.buffer import build_batch
 from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
                              SchemaError, check_event)
-from recorder.trace_writer import RunWriter
-from reconstruct.loader import iter_batches
+from recorder.trace_writer import HASH_IMPORTED, RunWriter
+from reconstruct.loader import iter_batches, range_problem
 
 _FIELDS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
 _BATCH_ROWS: Final[int] = 65536
@@ -59,7 +59,10 @@ def parse_line(text: str, where: str) -> dict[str, Any]:
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so are our hooks' errors
-        raise InputError(f"{where}: invalid JSON: {exc}") from None
+        # NOTE: also Python's limit on integers of more than 4300 digits
+        raise InputError(f"{where}: invalid JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise InputError(f"{where}: invalid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise SchemaError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     check_located(obj, where)
@@ -75,6 +78,10 @@ def check_located(event: dict[str, Any], where: str) -> None:
         if "field '" not in msg:  # e.g. "unknown event 'x'": say which field is wrong
             msg = f"field 'event': {msg}"
         raise SchemaError(f"{where}: {msg}") from None
+    for key, val in event.items():
+        problem = range_problem(key, val)
+        if problem:  # NOTE: readers rely on these ranges (reconstruct.loader.VALUE_RANGES)
+            raise SchemaError(f"{where}: {problem}")
     if event["event"] == "run_started":
         version = event.get("schema_version")
         if isinstance(version, int) and version > SCHEMA_VERSION:
@@ -180,7 +187,9 @@ def write_run(events: Sequence[dict[str, Any]], run_dir: str | Path, *, source: 
     ``extra`` keys go into the manifest unchanged (e.g. an importer's summary).
     """
     run_id = events[0]["run_id"]
-    with RunWriter(run_dir, _run_info(run_id, events, source, extra)) as writer:
+    # NOTE: an import keeps the file's hashes as they are and has no wall clock (clock: null)
+    with RunWriter(run_dir, _run_info(run_id, events, source, extra),
+                   hash_scheme=HASH_IMPORTED, clock=False) as writer:
         writer.set_counters(events_dropped=_dropped(events))
         for batch in events_to_table(events).to_batches(max_chunksize=_BATCH_ROWS):
             writer.write_batch(batch)

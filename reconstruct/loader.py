@@ -20,9 +20,11 @@ the same decoded, checked batches one at a time.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +33,11 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recorder.schema import ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError
-from recorder.trace_writer import MANIFEST_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX
+from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
+                             SCHEMA_VERSION, InputError)
+from recorder.trace_writer import (CHECKSUM_SCHEME, HEADER_RECORD_BATCH, HEADER_SCHEMA,
+                                   MANIFEST_NAME, SEALED_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX,
+                                   batch_group_crc, find_checksum_tag, message_header)
 
 _SEGMENT_RE: Final = re.compile(
     re.escape(SEGMENT_PREFIX) + r"(\d{6})" + re.escape(SEGMENT_SUFFIX) + r"\Z")
@@ -40,9 +45,65 @@ _CONTINUATION: Final[bytes] = b"\xff\xff\xff\xff"
 _MAX_METADATA: Final[int] = 64 * 1024 * 1024   # a larger flatbuffer header is garbage
 _MAX_BODY: Final[int] = 1 << 40
 
+# Columns a schema version added: a segment of an older version may lack them (read as null);
+# every other column is required (a segment without its claim_id column is not our trace).
+COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2}
+
+# Value ranges every reader relies on (inclusive). NOTE: block counts and positions stay below
+# 2**30 so that sums of two (e.g. protected + required) cannot overflow int32 in SQL; ttl_s is
+# at most ~31 years so that it converts to an interval.
+_BLOCKS: Final[tuple[int, int]] = (0, 2**30 - 1)
+VALUE_RANGES: Final[dict[str, tuple[float, float]]] = {
+    "seq": (0, 2**62), "ts_ns": (0, 2**63 - 1), "step": (0, 2**62),
+    "block_size": (1, 2**30 - 1), "num_blocks": _BLOCKS, "usable_blocks": _BLOCKS,
+    "schema_version": (1, 2**31 - 1), "events_written": (0, 2**62), "events_dropped": (0, 2**62),
+    "first_seq": (0, 2**62), "last_seq": (0, 2**62), "num_prompt_tokens": (0, 2**31 - 1),
+    "blocks_required": _BLOCKS, "free_blocks": _BLOCKS, "protected_blocks": _BLOCKS,
+    "shortfall_blocks": (-(2**30), 2**30 - 1), "num_cached_tokens": (0, 2**31 - 1),
+    "num_output_tokens": (0, 2**31 - 1), "block_id": _BLOCKS, "position": _BLOCKS,
+    "threshold_blocks": _BLOCKS, "ttl_s": (0.0, 1e9), "value": (-1e15, 1e15),
+}
+
+
+def range_problem(column: str, value: Any) -> str | None:
+    """Why one value of ``column`` is out of range (or not finite), or None."""
+    bounds = VALUE_RANGES.get(column)
+    if bounds is None or value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"field '{column}' is {value}, not a finite number"
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        return f"field '{column}' is {value}, outside {lo:g}..{hi:g}"
+    return None
+
 
 class TraceError(InputError):
     """A trace that cannot be read as recorded; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Hole:
+    """Seqs of a run the loader could not deliver (damaged, cut or missing); ``last_seq`` is
+    None when the end is unknown. Every label from ``first_seq`` on is ``unknown``."""
+
+    run_id: str
+    file: str
+    first_seq: int
+    last_seq: int | None
+    reason: str     # truncated | corrupt_batch | missing_columns | missing_head | missing_tail
+    message: str
+
+
+# Every hole reported since the last ``take_reported_holes()`` (the CLI's exit status 3).
+_REPORTED: list[Hole] = []
+
+
+def take_reported_holes() -> list[Hole]:
+    """Return and forget the holes reported so far in this process (for the CLI door)."""
+    out = list(_REPORTED)
+    _REPORTED.clear()
+    return out
 
 
 def _decoded_type(typ: pa.DataType) -> pa.DataType:
@@ -59,6 +120,16 @@ EVENTS_SCHEMA: Final[pa.Schema] = pa.schema(
 # -- IPC framing ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Group:
+    """One record batch and the messages before it (schema or dictionaries): byte offsets."""
+
+    start: int
+    meta_start: int   # the record batch message's metadata
+    meta_end: int
+    end: int
+
+
+@dataclass(frozen=True)
 class StreamScan:
     """What the byte-level walk of one IPC stream found."""
 
@@ -66,40 +137,23 @@ class StreamScan:
     batches: int        # complete record batches within complete_end
     eos: bool           # ends with the end-of-stream marker
     cut: bool           # ends inside a message (truncated mid-write)
+    groups: tuple[Group, ...] = ()
+    schema_end: int = 0  # end of the schema message (0: none)
+    garbage_at: int | None = None  # framing broke here (after a valid prefix)
+    garbage: str = ""              # what was wrong there
 
     @property
     def truncated(self) -> bool:
         """Not closed properly: cut mid-message, or no end-of-stream marker."""
-        return self.cut or not self.eos
-
-
-_HEADER_RECORD_BATCH: Final[int] = 3  # MessageHeader union: 1 Schema, 2 Dictionary, 3 Batch
-
-
-def _message_header(meta: bytes) -> tuple[int, int]:
-    """Read ``(header_type, bodyLength)`` from an IPC message's flatbuffer ``Message`` table.
-
-    Fields: 0 version (short), 1 header_type (ubyte), 2 header (offset), 3 bodyLength (long).
-    """
-    table = struct.unpack_from("<I", meta, 0)[0]
-    vtable = table - struct.unpack_from("<i", meta, table)[0]
-    vt_size = struct.unpack_from("<H", meta, vtable)[0]
-
-    def field_offset(index: int) -> int:
-        slot = 4 + 2 * index
-        return struct.unpack_from("<H", meta, vtable + slot)[0] if slot + 2 <= vt_size else 0
-
-    off_type, off_body = field_offset(1), field_offset(3)
-    header_type = struct.unpack_from("<B", meta, table + off_type)[0] if off_type else 0
-    body = struct.unpack_from("<q", meta, table + off_body)[0] if off_body else 0
-    return header_type, body
+        return self.cut or not self.eos or self.garbage_at is not None
 
 
 def scan_stream(data: bytes | memoryview, name: str) -> StreamScan:
     """Walk the message framing of an Arrow IPC stream without decoding it.
 
     Distinguishes a stream cut short (a valid prefix: every length it declares runs past the
-    end) from garbage (bad marker, impossible lengths), which raises ``TraceError``.
+    end) from garbage. Garbage at the very start raises ``TraceError`` (not an IPC stream);
+    garbage after a valid prefix ends the walk there (``garbage_at``): the prefix is kept.
 
     NOTE: a writer emits a batch's dictionaries as separate messages just before it, so a cut
     stream is only decodable up to the end of its last complete *record batch*: dictionaries
@@ -108,10 +162,19 @@ def scan_stream(data: bytes | memoryview, name: str) -> StreamScan:
     size = len(data)
     pos = batches = 0
     usable = 0  # end of the schema message, then of each record batch
+    schema_end = 0
+    group_start = 0  # NOTE: the first group includes the schema message (the writer's CRC does)
+    groups: list[Group] = []
 
-    def result(eos: bool, cut: bool) -> StreamScan:
+    def result(eos: bool, cut: bool, garbage: int | None = None, msg: str = "") -> StreamScan:
         end = pos if (eos and not cut) else usable
-        return StreamScan(end, batches, eos=eos, cut=cut)
+        return StreamScan(end, batches, eos=eos, cut=cut, groups=tuple(groups),
+                          schema_end=schema_end, garbage_at=garbage, garbage=msg)
+
+    def bad(msg: str) -> StreamScan:
+        if schema_end == 0:
+            raise TraceError(f"{name}: {msg}")
+        return result(eos=False, cut=False, garbage=pos, msg=msg)
 
     while True:
         left = size - pos
@@ -121,38 +184,57 @@ def scan_stream(data: bytes | memoryview, name: str) -> StreamScan:
         if left < 4:
             if _CONTINUATION.startswith(head):
                 return result(eos=False, cut=True)
-            raise TraceError(f"{name}: not an Arrow IPC stream (bad message marker at byte {pos})")
+            return bad(f"not an Arrow IPC stream (bad message marker at byte {pos})")
         if head[:4] != _CONTINUATION:
             if head[:4] == b"\x00\x00\x00\x00" and left == 4:  # legacy end-of-stream
                 pos += 4
                 return result(eos=True, cut=False)
-            raise TraceError(f"{name}: not an Arrow IPC stream (bad message marker at byte {pos})")
+            return bad(f"not an Arrow IPC stream (bad message marker at byte {pos})")
         if left < 8:
             return result(eos=False, cut=True)
         meta_len = struct.unpack_from("<i", head, 4)[0]
         if meta_len == 0:
             if left != 8:
-                raise TraceError(f"{name}: {left - 8} bytes of garbage after end of stream")
+                return bad(f"{left - 8} bytes of garbage after end of stream")
             pos += 8
             return result(eos=True, cut=False)
         if meta_len < 0 or meta_len % 8 or meta_len > _MAX_METADATA:
-            raise TraceError(f"{name}: corrupt IPC message header at byte {pos}")
+            return bad(f"corrupt IPC message header at byte {pos}")
         if left < 8 + meta_len:
             return result(eos=False, cut=True)
         try:
-            kind, body = _message_header(bytes(data[pos + 8:pos + 8 + meta_len]))
+            kind, body = message_header(bytes(data[pos + 8:pos + 8 + meta_len]))
         except struct.error:
-            raise TraceError(f"{name}: corrupt IPC message header at byte {pos}") from None
-        if body < 0 or body > _MAX_BODY or not 1 <= kind <= 5:
-            raise TraceError(f"{name}: corrupt IPC message header at byte {pos}")
+            return bad(f"corrupt IPC message header at byte {pos}")
+        if body < 0 or body > _MAX_BODY or not 1 <= kind <= 5 or (
+                kind == HEADER_SCHEMA) != (schema_end == 0):
+            return bad(f"corrupt IPC message header at byte {pos}")
         if left < 8 + meta_len + body:
             return result(eos=False, cut=True)
+        start = pos
         pos += 8 + meta_len + body
-        if kind == _HEADER_RECORD_BATCH:
+        if kind == HEADER_RECORD_BATCH:
             batches += 1
-            usable = pos
-        elif usable == 0:
-            usable = pos  # the schema message
+            groups.append(Group(group_start, start + 8, start + 8 + meta_len, pos))
+            usable = group_start = pos
+        elif kind == HEADER_SCHEMA:
+            schema_end = usable = pos
+
+
+def group_checksum(data: bytes | memoryview, group: Group) -> tuple[int | None, int | None]:
+    """``(stored, computed)`` CRC-32 of one batch group; ``(None, None)`` when the batch
+    carries no checksum (a trace from before checksums)."""
+    view = memoryview(data)[group.start:group.end]
+    rel_meta = (group.meta_start - group.start, group.meta_end - group.start)
+    tag_at = find_checksum_tag(view, *rel_meta)
+    if tag_at < 0:
+        return None, None
+    digits = bytes(view[tag_at + 8:tag_at + 16])
+    try:
+        stored = int(digits, 16)
+    except ValueError:
+        return -1, batch_group_crc(view, *rel_meta, tag_at)
+    return stored, batch_group_crc(view, *rel_meta, tag_at)
 
 
 # -- run directories --------------------------------------------------------------------------
@@ -181,6 +263,13 @@ def is_run_dir(path: Path) -> bool:
 def find_run_dirs(path: str | Path) -> list[Path]:
     """The run directories a path names: itself, or every run directory below it (a sweep)."""
     p = Path(path)
+    try:
+        return _find_run_dirs(p)
+    except OSError as exc:  # unreadable directory (/proc/1, no permission)
+        raise TraceError(f"{exc.filename or p}: cannot read: {_one_line(exc)}") from None
+
+
+def _find_run_dirs(p: Path) -> list[Path]:
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
     if not p.is_dir():
@@ -189,7 +278,10 @@ def find_run_dirs(path: str | Path) -> list[Path]:
     if is_run_dir(p):
         return [p]
     found: list[Path] = []
-    for root, dirs, _files in os.walk(p):
+    def walk_error(exc: OSError) -> None:
+        raise exc
+
+    for root, dirs, _files in os.walk(p, onerror=walk_error):
         dirs.sort()
         here = Path(root)
         if here != p and is_run_dir(here):
@@ -201,32 +293,109 @@ def find_run_dirs(path: str | Path) -> list[Path]:
     return found
 
 
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """Read and check ``manifest.json`` of a run directory."""
-    path = Path(run_dir) / MANIFEST_NAME
-    if not path.is_file():
-        raise TraceError(f"{path}: missing manifest (every run directory has one)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{path}: unreadable manifest: {exc}") from None
+_MANIFEST_INTS: Final[dict[str, tuple[int, int]]] = {
+    "block_size": (1, 2**30 - 1), "num_blocks": _BLOCKS, "usable_blocks": _BLOCKS,
+    "events_written": (0, 2**62), "events_dropped": (0, 2**62), "recorder_errors": (0, 2**62),
+    "write_failures": (0, 2**62)}
+_MANIFEST_STRS: Final[tuple[str, ...]] = ("runtime", "runtime_version", "model", "policy",
+                                          "recorder_version")
+_SEGMENT_INTS: Final[tuple[str, ...]] = ("events", "bytes", "first_seq", "last_seq")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
+    """Check a parsed manifest's keys and value ranges; raise ``TraceError`` naming ``where``."""
     if not isinstance(manifest, dict):
-        raise TraceError(f"{path}: manifest must be a JSON object")
+        raise TraceError(f"{where}: manifest must be a JSON object")
     version = manifest.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise TraceError(f"{path}: manifest field 'schema_version' missing or not an integer")
+    if not _is_int(version):
+        raise TraceError(f"{where}: manifest field 'schema_version' missing or not an integer")
     if version > SCHEMA_VERSION:
-        raise TraceError(f"{path}: schema_version {version} is newer than this kvclaims reads "
+        raise TraceError(f"{where}: schema_version {version} is newer than this kvclaims reads "
                          f"({SCHEMA_VERSION}); upgrade kvclaims")
+    if version not in READABLE_SCHEMA_VERSIONS:
+        raise TraceError(f"{where}: schema_version {version} is not one this kvclaims reads "
+                         f"({sorted(READABLE_SCHEMA_VERSIONS)})")
     if not isinstance(manifest.get("run_id"), str) or not manifest["run_id"]:
-        raise TraceError(f"{path}: manifest field 'run_id' missing or not a string")
+        raise TraceError(f"{where}: manifest field 'run_id' missing or not a string")
+    if len(manifest["run_id"]) > 1024:
+        raise TraceError(f"{where}: manifest field 'run_id' is longer than 1024 characters")
+    for key, (lo, hi) in _MANIFEST_INTS.items():
+        val = manifest.get(key)
+        if val is not None and (not _is_int(val) or not lo <= val <= hi):
+            raise TraceError(f"{where}: manifest field '{key}' is {_short(val)}, expected an "
+                             f"integer in {lo}..{hi} or null")
+    for key in ("run_id",) + _MANIFEST_STRS:
+        val = manifest.get(key)
+        if val is not None and not isinstance(val, str):
+            raise TraceError(f"{where}: manifest field '{key}' is {_short(val)}, expected a "
+                             "string or null")
+        if isinstance(val, str) and not _utf8(val):
+            raise TraceError(f"{where}: manifest field '{key}' is not valid Unicode text")
     segments = manifest.get("segments")
     if not isinstance(segments, list) or not all(
             isinstance(s, dict) and isinstance(s.get("file"), str) for s in segments):
-        raise TraceError(f"{path}: manifest field 'segments' must be a list of {{file, ...}}")
+        raise TraceError(f"{where}: manifest field 'segments' must be a list of {{file, ...}}")
+    for i, seg in enumerate(segments):
+        for key in _SEGMENT_INTS:
+            val = seg.get(key)
+            if val is not None and (not _is_int(val) or not 0 <= val <= 2**62):
+                raise TraceError(f"{where}: segments[{i}].{key} is {_short(val)}, expected a "
+                                 "non-negative integer or null")
     if not isinstance(manifest.get("complete"), bool):
-        raise TraceError(f"{path}: manifest field 'complete' missing or not a boolean")
+        raise TraceError(f"{where}: manifest field 'complete' missing or not a boolean")
+    for key in ("clock", "batch_checksum", "hash_scheme"):
+        val = manifest.get(key)
+        if key == "clock" and val is not None and not isinstance(val, dict):
+            raise TraceError(f"{where}: manifest field 'clock' must be an object or null")
+        if key != "clock" and val is not None and not isinstance(val, str):
+            raise TraceError(f"{where}: manifest field '{key}' must be a string or null")
     return manifest
+
+
+def _utf8(text: str) -> bool:
+    """Whether text can be stored (JSON allows lone surrogates; UTF-8 and Arrow do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not _is_int(value) or abs(value) < 10**30 else f"an integer of " \
+        f"{len(str(abs(value)))} digits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """Read and check ``manifest.json`` of a run directory."""
+    path = Path(run_dir) / MANIFEST_NAME
+    try:
+        if not path.is_file():
+            raise TraceError(f"{path}: missing manifest (every run directory has one)")
+        if path.stat().st_size > 64 * 1024 * 1024:
+            raise TraceError(f"{path}: manifest larger than 64 MiB")
+        text = path.read_text(encoding="utf-8")
+        manifest = json.loads(text, parse_constant=_reject_constant)
+    except TraceError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # NOTE: ValueError covers bad JSON and Python's limit on 4300-digit integers
+        raise TraceError(f"{path}: unreadable manifest: {_one_line(exc)}") from None
+    return check_manifest(manifest, str(path))
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name} is not JSON")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).splitlines()
+    return text[0][:200] if text else type(exc).__name__
 
 
 def open_run(run_dir: str | Path) -> RunDir:
@@ -234,7 +403,11 @@ def open_run(run_dir: str | Path) -> RunDir:
     path = Path(run_dir)
     manifest = read_manifest(path)
     on_disk: dict[int, Path] = {}
-    for p in path.iterdir():
+    try:
+        entries = list(path.iterdir())
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {_one_line(exc)}") from None
+    for p in entries:
         m = _SEGMENT_RE.match(p.name)
         if m:
             on_disk[int(m.group(1))] = p
@@ -274,26 +447,30 @@ def open_runs(paths: Sequence[str | Path]) -> list[RunDir]:
 
 # -- segments ---------------------------------------------------------------------------------
 
-def _check_schema(schema: pa.Schema, name: str) -> None:
+def _check_schema(schema: pa.Schema, name: str, version: int) -> list[str]:
+    """Check a segment's schema; return the required columns it lacks (a hole, not an error:
+    the segment's events cannot be trusted without them)."""
     meta = schema.metadata or {}
     raw = meta.get(b"kvclaims.schema_version")
     if raw is not None:
         try:
             version = int(raw)
         except ValueError:
-            raise TraceError(f"{name}: bad kvclaims.schema_version {raw!r}") from None
+            raise TraceError(f"{name}: bad kvclaims.schema_version {raw[:40]!r}") from None
         if version > SCHEMA_VERSION:
             raise TraceError(f"{name}: schema_version {version} is newer than this kvclaims "
                              f"reads ({SCHEMA_VERSION}); upgrade kvclaims")
     for f in schema:
         if f.name not in COLUMNS:
-            raise TraceError(f"{name}: unknown column '{f.name}'")
+            raise TraceError(f"{name}: unknown column '{f.name[:80]}'")
         if _decoded_type(f.type) != EVENTS_SCHEMA.field(f.name).type:
             raise TraceError(f"{name}: column '{f.name}' has type {f.type}, expected "
                              f"{COLUMNS[f.name]}")
     for col in ENVELOPE:
         if schema.get_field_index(col) < 0:
             raise TraceError(f"{name}: missing column '{col}'")
+    return [c for c in COLUMNS if schema.get_field_index(c) < 0
+            and COLUMN_SINCE.get(c, 1) <= version]
 
 
 def decode_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -305,52 +482,169 @@ def decode_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
             arrays.append(pa.nulls(batch.num_rows, f.type))
             continue
         col = batch.column(idx)
-        arrays.append(col.dictionary_decode() if pa.types.is_dictionary(col.type) else col)
+        if pa.types.is_dictionary(col.type):
+            # NOTE: most columns are null for every event of a batch: no take() for those
+            col = (pa.nulls(len(col), f.type) if col.null_count == len(col)
+                   else col.dictionary_decode())
+        arrays.append(col)
     return pa.RecordBatch.from_arrays(arrays, schema=EVENTS_SCHEMA)
 
 
-def read_segment(path: Path, *, allow_truncated: bool,
-                 report: Callable[[str], None]) -> Iterator[pa.RecordBatch]:
-    """Yield the decoded batches of one segment.
+def check_ranges(batch: pa.RecordBatch, name: str) -> None:
+    """Refuse values outside ``VALUE_RANGES`` (naming column and seq): readers rely on them.
 
-    A truncated segment is an error unless ``allow_truncated`` (the run's last segment); then
-    its complete batches are yielded and ``report`` gets one human message.
+    NOTE: one min/max kernel per non-null column; the offending row is looked up only when
+    a bound is broken.
+    """
+    for col, (lo, hi) in VALUE_RANGES.items():
+        idx = batch.schema.get_field_index(col)
+        if idx < 0:
+            continue
+        arr = batch.column(idx)
+        if arr.null_count == len(arr):
+            continue
+        mm = pc.min_max(arr)
+        low, high = mm["min"].as_py(), mm["max"].as_py()
+        nan = pa.types.is_floating(arr.type) and pc.any(pc.is_nan(arr)).as_py()
+        if low >= lo and high <= hi and not nan and (
+                not pa.types.is_floating(arr.type) or math.isfinite(low + high)):
+            continue
+        bad = pc.invert(pc.and_kleene(pc.greater_equal(arr, lo), pc.less_equal(arr, hi)))
+        if pa.types.is_floating(arr.type):
+            bad = pc.or_kleene(bad, pc.is_nan(arr))
+        i = pc.index(pc.fill_null(bad, False), True).as_py()
+        seq = batch.column("seq")[i].as_py()
+        problem = range_problem(col, arr[i].as_py()) or f"field '{col}' is out of range"
+        raise TraceError(f"{name}: seq {seq}: {problem}")
+
+
+@dataclass
+class SegmentRead:
+    """What reading one segment found besides its batches."""
+
+    truncation: str | None = None        # a cut or unfinished end (the run's last segment)
+    damaged: list[tuple[int | None, int | None, str]] = field(default_factory=list)
+    # ^ (after_seq, before_seq, why): a damaged span between two kept batches (None: edge)
+    missing_columns: list[str] = field(default_factory=list)
+
+
+def read_segment(path: Path, *, allow_truncated: bool,
+                 report: Callable[[str], None], expect_checksums: bool = False,
+                 version: int = SCHEMA_VERSION, eos_expected: bool = True,
+                 found: SegmentRead | None = None) -> Iterator[pa.RecordBatch]:
+    """Yield the decoded batches of one segment that can be trusted.
+
+    A batch whose checksum does not match, that cannot be decoded, or that a broken framing
+    cuts off is skipped and described in ``found.damaged`` (a hole); so is the whole segment
+    when it lacks a required column. A cut or unfinished end is reported through ``report``
+    (one message). ``allow_truncated`` is kept for callers: the run's other segments are
+    checked against the manifest by ``read_run``.
     """
     name = str(path)
+    found = found if found is not None else SegmentRead()
     try:
         source = pa.memory_map(name, "r")
         buf = source.read_buffer()
     except (OSError, pa.ArrowException) as exc:
-        raise TraceError(f"{name}: cannot read: {exc}") from None
-    scan = scan_stream(memoryview(buf), name)
-    if scan.truncated and not allow_truncated:
-        how = "cut mid-write" if scan.cut else "has no end-of-stream marker"
-        raise TraceError(f"{name}: segment {how}, but it is not the run's last segment "
-                         "(corrupt trace)")
+        raise TraceError(f"{name}: cannot read: {_one_line(exc)}") from None
+    view = memoryview(buf)
+    scan = scan_stream(view, name)
     kept = 0
-    if scan.complete_end:
+    if scan.schema_end:
         try:
-            reader = pa.ipc.open_stream(buf.slice(0, scan.complete_end))
-            _check_schema(reader.schema, name)
-            for batch in reader:
-                # NOTE: full validation turns corrupt offsets/indices into an error instead of
-                # out-of-bounds reads later (DuckDB, Polars)
-                batch.validate(full=True)
-                yield decode_batch(batch)
-                kept += 1
-        except TraceError:
-            raise
+            schema = pa.ipc.open_stream(buf.slice(0, scan.schema_end)).schema
         except (pa.ArrowException, OSError, ValueError) as exc:
-            # NOTE: pyarrow reports a bad flatbuffer as OSError, bad data as ArrowInvalid
-            raise TraceError(f"{name}: corrupt Arrow IPC stream: {exc}") from None
-    if scan.truncated:
+            raise TraceError(f"{name}: corrupt Arrow IPC schema: {_one_line(exc)}") from None
+        found.missing_columns = _check_schema(schema, name, version)
+    good: list[Group] = []
+    last_seq_before: list[int | None] = []
+    for g in scan.groups:
+        stored, computed = group_checksum(view, g)
+        if stored is None and expect_checksums:
+            good.append(Group(-1, 0, 0, 0))  # a batch without its checksum: damaged
+        elif stored is not None and stored != computed:
+            good.append(Group(-1, 0, 0, 0))
+        else:
+            good.append(g)
+    if found.missing_columns:
+        found.damaged.append((None, None, "lacks required column(s) "
+                              + ", ".join(found.missing_columns)))
+        good = []
+    prev_seq: int | None = None
+    pending_damage: str | None = None
+    for batch in _decode_groups(buf, scan, good, name, found):
+        if batch is None:  # a damaged group at this point
+            pending_damage = pending_damage or "checksum mismatch or undecodable batch"
+            continue
+        if pending_damage is not None:
+            found.damaged.append((prev_seq, batch.column("seq")[0].as_py() if batch.num_rows
+                                  else None, pending_damage))
+            pending_damage = None
+        kept += 1
+        if batch.num_rows:
+            prev_seq = batch.column("seq")[batch.num_rows - 1].as_py()
+        yield batch
+    if pending_damage is not None:
+        found.damaged.append((prev_seq, None, pending_damage))
+    if scan.garbage_at is not None:
+        found.damaged.append((prev_seq, None, f"corrupt IPC framing ({scan.garbage})"))
+    elif scan.truncated and not (scan.cut is False and not scan.eos and not eos_expected
+                                 and scan.complete_end == len(buf)):
         if len(buf) == 0:
             how = "empty file"
         elif scan.cut:
             how = f"cut mid-write at byte {scan.complete_end} of {len(buf)}"
         else:
             how = "no end-of-stream marker, the writer did not close it"
-        report(f"{name}: truncated segment ({how}); kept {kept} complete batches")
+        found.truncation = f"{name}: truncated segment ({how}); kept {kept} complete batches"
+        report(found.truncation)
+
+
+def _decode_groups(buf: pa.Buffer, scan: StreamScan, groups: list[Group], name: str,
+                   found: SegmentRead) -> Iterator[pa.RecordBatch | None]:
+    """Decode the kept groups in order; None stands for a damaged one.
+
+    NOTE: a checksummed group is self-contained (the writer sends every dictionary with every
+    batch), so the good groups after a damaged one decode on their own. A trace from before
+    checksums is decoded as one stream; a batch that fails to decode ends the segment there.
+    """
+    if not groups:
+        return
+    intact = all(g.start >= 0 for g in groups) and all(
+        a.end == b.start for a, b in zip(groups, groups[1:]))
+    if intact:
+        yield from _decode_stream(buf.slice(0, groups[-1].end), name)
+        return
+    schema_msg = buf.slice(0, scan.schema_end).to_pybytes()
+    for g in groups:
+        if g.start < 0:
+            yield None
+            continue
+        piece = (b"" if g.start == 0 else schema_msg) + buf.slice(
+            g.start, g.end - g.start).to_pybytes()
+        yield from _decode_stream(pa.py_buffer(piece), name)
+
+
+def _decode_stream(data: pa.Buffer, name: str) -> Iterator[pa.RecordBatch | None]:
+    try:
+        reader = pa.ipc.open_stream(data)
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            # NOTE: full validation turns corrupt offsets/indices into an error instead of
+            # out-of-bounds reads later (DuckDB, Polars)
+            batch.validate(full=True)
+            check_ranges(batch, name)
+            yield decode_batch(batch)
+    except TraceError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+        # NOTE: pyarrow reports a bad flatbuffer as OSError, bad data (e.g. "ZSTD
+        # decompression failed") as ArrowInvalid: the batch is damaged, not the whole run
+        del exc
+        yield None
 
 
 def _check_batch(batch: pa.RecordBatch, run_id: str, prev_seq: int | None, name: str) -> int | None:
@@ -371,47 +665,221 @@ def _check_batch(batch: pa.RecordBatch, run_id: str, prev_seq: int | None, name:
     return seq[len(seq) - 1].as_py()
 
 
-def read_run(run: RunDir, report: Callable[[str], None]) -> Iterator[pa.RecordBatch]:
-    """Yield a run's decoded, checked batches in seq order."""
+def _hole(run: RunDir, file: str, first: int, last: int | None, reason: str, why: str,
+          report: Callable[[str], None] | None,
+          on_hole: Callable[[Hole], None] | None) -> None:
+    """Record one hole (and report its message unless ``report`` is None: already said)."""
+    span = f"seq {first}" + ("" if last == first else
+                             f"..{last}" if last is not None else " onwards")
+    msg = f"{file}: {why}: {span} of run {run.run_id!r} cannot be read (a hole: unknown)"
+    hole = Hole(run.run_id, file, first, last, reason, msg if report else why)
+    _REPORTED.append(hole)
+    if on_hole is not None:
+        on_hole(hole)
+    if report is not None:
+        report(msg)
+
+
+def _sealed_entry(run: RunDir) -> dict[str, Any] | None:
+    """The manifest's sealed-Parquet entry when it is usable (a complete run, file present)."""
+    sealed = run.manifest.get("sealed")
+    if not (run.manifest["complete"] and isinstance(sealed, dict)
+            and sealed.get("file") == SEALED_NAME and _is_int(sealed.get("events"))):
+        return None
+    path = run.path / SEALED_NAME
+    return sealed if path.is_file() else None
+
+
+def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    """Yield the batches of a run's ``events.parquet`` (checked like segment batches).
+
+    Raises ``TraceError`` when it disagrees with the manifest, and pyarrow/OS errors for a
+    damaged file (page checksums are verified); ``read_run`` then falls back to the segments.
+    """
+    import pyarrow.parquet as pq
+
+    path = run.path / SEALED_NAME
+    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
+    listed = sum(s.get("events") or 0 for s in run.manifest["segments"])
+    if pf.metadata.num_rows != sealed["events"] or pf.metadata.num_rows != listed:
+        raise TraceError(f"{path}: holds {pf.metadata.num_rows} events, the manifest says "
+                         f"{sealed['events']} (segments: {listed})")
+    if not pf.schema_arrow.equals(EVENTS_SCHEMA, check_metadata=False):
+        raise TraceError(f"{path}: schema differs from the events schema")
+    for batch in pf.iter_batches(batch_size=1 << 16):
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA)
+        check_ranges(batch, str(path))
+        yield batch
+
+
+def read_run(run: RunDir, report: Callable[[str], None],
+             on_hole: Callable[[Hole], None] | None = None, *,
+             sealed: bool = True) -> Iterator[pa.RecordBatch]:
+    """Yield a run's decoded, checked batches in seq order.
+
+    A complete run sealed into ``events.parquet`` is read from it (``sealed=False``: always
+    from the IPC segments); a sealed file that is damaged or disagrees with the manifest is
+    reported and the segments are read instead, from where it stopped. Whatever cannot be
+    delivered is reported (``report`` gets one line per problem; ``on_hole`` a ``Hole``): a cut
+    last segment, a damaged batch, a segment lacking a required column, a missing head (the run
+    does not start with ``run_started`` at seq 0) or a missing tail (a complete run that ends
+    before its manifest says).
+    """
+    skip_through: int | None = None
+    entry = _sealed_entry(run) if sealed else None
+    if entry is not None:
+        prev_sealed: int | None = None
+        try:
+            for batch in read_sealed(run, entry):
+                if batch.num_rows == 0:
+                    continue
+                if prev_sealed is None:
+                    head = batch.column("seq")[0].as_py()
+                    if head != 0 or ("imported_from" not in run.manifest and
+                                     batch.column("event")[0].as_py() != "run_started"):
+                        raise TraceError(f"{run.path / SEALED_NAME}: does not start at seq 0")
+                prev_sealed = _check_batch(batch, run.run_id, prev_sealed,
+                                           str(run.path / SEALED_NAME))
+                yield batch
+            return
+        except (TraceError, pa.ArrowException, OSError, ValueError) as exc:
+            report(f"{run.path / SEALED_NAME}: sealed copy unusable ({_one_line(exc)}); "
+                   "reading the segments instead")
+            skip_through = prev_sealed
+    yield from _read_segments(run, report, on_hole, skip_through)
+
+
+def _read_segments(run: RunDir, report: Callable[[str], None],
+                   on_hole: Callable[[Hole], None] | None,
+                   skip_through: int | None) -> Iterator[pa.RecordBatch]:
+    """``read_run`` over the IPC segments; batches up to ``skip_through`` were delivered."""
     prev: int | None = None
     listed = run.manifest["segments"]
     last = len(run.segments) - 1
+    expect = run.manifest.get("batch_checksum") == CHECKSUM_SCHEME
+    version = run.manifest["schema_version"]
+    recorded = "imported_from" not in run.manifest
+    first_seen = False
+    mine: list[Hole] = []  # this run's holes (the head and tail checks look at them)
+    outer_on_hole = on_hole
+
+    def on_hole(hole: Hole) -> None:  # type: ignore[no-redef]
+        mine.append(hole)
+        if outer_on_hole is not None:
+            outer_on_hole(hole)
+
     for i, seg in enumerate(run.segments):
         rows = 0
+        entry = listed[i] if i < len(listed) else {}
+        found = SegmentRead()
+        seg_first: int | None = None
         truncated: list[str] = []
 
         def note(msg: str) -> None:
             truncated.append(msg)
             report(msg)
 
-        for batch in read_segment(seg, allow_truncated=(i == last), report=note):
+        for batch in read_segment(seg, allow_truncated=(i == last), report=note,
+                                  expect_checksums=expect, version=version,
+                                  eos_expected=entry.get("eos", True) is not False,
+                                  found=found):
+            if skip_through is not None and batch.num_rows:
+                # NOTE: the sealed file already delivered seqs up to skip_through: count them
+                # against the manifest, do not yield them twice
+                first_seen = True
+                seq_col = batch.column("seq")
+                if seg_first is None:
+                    seg_first = seq_col[0].as_py()
+                rest = batch.filter(pc.greater(seq_col, skip_through))
+                rows += batch.num_rows - rest.num_rows
+                if rest.num_rows == 0:
+                    prev = seq_col[batch.num_rows - 1].as_py()
+                    continue
+                if batch.num_rows > rest.num_rows:
+                    prev = skip_through
+                batch = rest
+                skip_through = None
+            if batch.num_rows == 0:
+                continue
+            if not first_seen:
+                first_seen = True
+                head = batch.column("seq")[0].as_py()
+                covered = any(h.first_seq == 0 for h in mine)
+                if not covered and (head != 0 or (
+                        recorded and batch.column("event")[0].as_py() != "run_started")):
+                    _hole(run, str(seg), 0, head - 1 if head > 0 else 0, "missing_head",
+                          "the run's head is missing (it must start with run_started at seq 0)",
+                          report, on_hole)
             prev = _check_batch(batch, run.run_id, prev, str(seg))
+            if seg_first is None:
+                seg_first = batch.column("seq")[0].as_py()
             rows += batch.num_rows
             yield batch
-        expected = listed[i].get("events") if i < len(listed) else None
-        if not truncated and isinstance(expected, int) and expected != rows:
+        listed_first, listed_last = entry.get("first_seq"), entry.get("last_seq")
+        for after, before, why in found.damaged:
+            first = (after + 1) if after is not None else (
+                listed_first if listed_first is not None else 0)
+            end = (before - 1) if before is not None else listed_last
+            reason = "missing_columns" if found.missing_columns else "corrupt_batch"
+            if end is not None and first > end:  # nothing of the run is missing there
+                report(f"{seg}: {why}; no events lost")
+                continue
+            _hole(run, str(seg), first, end, reason, why, report, on_hole)
+        damaged = bool(found.damaged) or bool(truncated)
+        if i < len(listed) and not damaged and rows and listed_first is None:
+            listed_first, listed_last = seg_first, prev
+        expected = entry.get("events")
+        if not damaged and isinstance(expected, int) and expected != rows:
             raise TraceError(f"{seg}: holds {rows} events, the manifest says {expected}")
+        if not damaged and rows and listed_first is not None and (
+                seg_first != listed_first or prev != listed_last):
+            raise TraceError(f"{seg}: holds seqs {seg_first}..{prev}, the manifest says "
+                             f"{listed_first}..{listed_last}")
+        if truncated and i < len(listed) and listed_last is not None and (
+                prev is None or prev < listed_last) and not found.damaged:
+            _hole(run, str(seg), (prev + 1) if prev is not None else (listed_first or 0),
+                  listed_last, "truncated", "segment listed in the manifest is cut short",
+                  report, on_hole)
+        elif truncated and not found.damaged:
+            # a crash cut the open segment: whatever followed is unknown (already reported)
+            _hole(run, str(seg), (prev + 1) if prev is not None else 0, None, "truncated",
+                  truncated[0], None, on_hole)
+    if not first_seen and (run.manifest["complete"] or run.segments):
+        _hole(run, str(run.path), 0, None, "missing_head", "the run holds no readable events",
+              report, on_hole)
+    elif run.manifest["complete"] and listed:
+        final = listed[-1].get("last_seq")
+        if isinstance(final, int) and prev is not None and prev < final and not any(
+                h.last_seq in (None, final) for h in mine):
+            _hole(run, str(run.path), prev + 1, final, "missing_tail",
+                  "the complete run ends before its manifest says", report, on_hole)
 
 
 def iter_batches(paths: Sequence[str | Path], *,
-                 truncations: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+                 truncations: list[str] | None = None,
+                 holes: list[Hole] | None = None,
+                 sealed: bool = True) -> Iterator[pa.RecordBatch]:
     """Stream the decoded batches of every run the paths name (by run_id, then seq).
 
     Every run is found and its manifest checked before the first batch is yielded; segment
-    errors raise ``TraceError`` when reached. Truncation messages are appended to
-    ``truncations`` if given.
+    errors raise ``TraceError`` when reached. Truncation and hole messages are appended to
+    ``truncations`` if given; ``holes`` gets each ``Hole``.
     """
     runs = open_runs(paths)
     sink = truncations.append if truncations is not None else (lambda _msg: None)
     for run in runs:
-        yield from read_run(run, sink)
+        yield from read_run(run, sink, holes.append if holes is not None else None,
+                            sealed=sealed)
 
 
 def batch_reader(paths: Sequence[str | Path], *,
-                 truncations: list[str] | None = None) -> pa.RecordBatchReader:
+                 truncations: list[str] | None = None,
+                 holes: list[Hole] | None = None,
+                 sealed: bool = True) -> pa.RecordBatchReader:
     """``iter_batches`` as a ``pa.RecordBatchReader`` (DuckDB can scan it once, streaming)."""
-    return pa.RecordBatchReader.from_batches(EVENTS_SCHEMA,
-                                             iter_batches(paths, truncations=truncations))
+    return pa.RecordBatchReader.from_batches(
+        EVENTS_SCHEMA, iter_batches(paths, truncations=truncations, holes=holes,
+                                    sealed=sealed))
 
 
 # -- the loaded trace -------------------------------------------------------------------------
@@ -425,6 +893,7 @@ class Trace:
     run_dirs: dict[str, Path] = field(default_factory=dict)
     truncations: list[str] = field(default_factory=list)
     truncated_runs: set[str] = field(default_factory=set)
+    holes: list[Hole] = field(default_factory=list)
 
     @property
     def incomplete_runs(self) -> set[str]:
@@ -480,7 +949,7 @@ def _fact(value: Any, typ: pa.DataType) -> Any:
     return value if isinstance(value, str) else None
 
 
-def load_runs(paths: Sequence[str | Path]) -> Trace:
+def load_runs(paths: Sequence[str | Path], *, sealed: bool = True) -> Trace:
     """Load every run the paths name (run dirs or sweep dirs) into one ``Trace``.
 
     Raises ``TraceError`` (naming the file) for anything that cannot be read as recorded.
@@ -493,9 +962,11 @@ def load_runs(paths: Sequence[str | Path]) -> Trace:
         trace.run_dirs[run.run_id] = run.path
 
         def note(msg: str, rid: str = run.run_id) -> None:
+            # NOTE: every hole marks the run truncated: downstream, outcomes that could have
+            # changed behind it are unknown and a finding names it
             trace.truncations.append(msg)
             trace.truncated_runs.add(rid)
 
-        batches.extend(read_run(run, note))
+        batches.extend(read_run(run, note, trace.holes.append, sealed=sealed))
     trace.events = pa.Table.from_batches(batches, schema=EVENTS_SCHEMA)
     return trace

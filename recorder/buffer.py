@@ -529,10 +529,19 @@ class EventBuffer:
     def _lose(self, chunk: PendingLists, reason: str, message: str) -> None:
         """A chunk could not be written: count it and cover its seq span with a gap."""
         self._note_error(message)
-        seqs = chunk[0]
+        seqs, _ts, events, field_dicts = chunk
+        first, dropped = seqs[0], len(seqs)
+        for event, fields in zip(events, field_dicts):
+            if event == "recorder_gap":
+                # NOTE: a lost gap takes its span with it: the new gap covers that span too
+                # (it may be wider than what was lost, never narrower) and carries its count
+                inner = fields.get("first_seq")
+                if isinstance(inner, int):
+                    first = min(first, inner)
+                dropped += int(fields.get("events_dropped") or 0)
         self._count_dropped(len(seqs))
-        self.emit("recorder_gap", first_seq=seqs[0], last_seq=seqs[-1],
-                  events_dropped=len(seqs), reason=reason)
+        self.emit("recorder_gap", first_seq=first, last_seq=seqs[-1],
+                  events_dropped=dropped, reason=reason)
 
     def _count_dropped(self, n: int) -> None:
         with self._lock:

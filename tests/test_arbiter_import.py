@@ -548,3 +548,32 @@ def test_wrongly_typed_prototype_field_is_an_error_naming_the_line() -> None:
                            victim_reason="free_uncached"))
     with pytest.raises(InputError, match=r"t\.jsonl:1: field 'physical_block_id' must be an"):
         convert_lines(lines, "t.jsonl")
+
+
+# --- hostile values -------------------------------------------------------------------------
+
+
+def test_an_absurd_threshold_is_refused_quickly_not_built_as_a_set() -> None:
+    import time
+
+    lines = lines_of(proto("resident_claim_created", claim_id="c",
+                           useful_threshold_blocks=2147483647, protection_mode="hard_exclude"),
+                     proto("resident_claim_materialized", claim_id="c"))
+    start = time.monotonic()
+    with pytest.raises(InputError, match="threshold_blocks' is 2147483647"):
+        convert_lines(lines, "p.jsonl")
+    assert time.monotonic() - start < 5
+
+
+def test_a_large_but_sane_threshold_is_imported() -> None:
+    lines = lines_of(proto("resident_claim_created", claim_id="c",
+                           useful_threshold_blocks=100000, protection_mode="hard_exclude"),
+                     proto("resident_claim_materialized", claim_id="c"))
+    out = convert_lines(lines, "p.jsonl")
+    assert any(e.get("threshold_blocks") == 100000 for e in out)
+
+
+@pytest.mark.parametrize("text", ['{"event": ' + "9" * 5000 + "}", "[" * 100000 + "]" * 100000])
+def test_hostile_json_is_one_clear_error(text: str) -> None:
+    with pytest.raises(InputError, match="p.jsonl:1: bad JSON"):
+        convert_lines([text], "p.jsonl")

@@ -242,3 +242,34 @@ def test_validate_events_names_the_event_number() -> None:
     with pytest.raises(SchemaError, match=r"conv: event #2: missing required field 'seq'"):
         validate_events([CANONICAL[0], {"run_id": "r1", "ts_ns": 1, "event": "block_freed"}],
                         "conv")
+
+
+# -- hostile values: one clear error naming the line --------------------------------------------
+
+@pytest.mark.parametrize("line,expect", [
+    ('{"run_id": "r1", "seq": 1, "ts_ns": 2, "event": "block_cached", "position": 2147483647}',
+     "field 'position' is 2147483647"),
+    ('{"run_id": "r1", "seq": 1, "ts_ns": 2, "event": "claim_submitted", "claim_id": "c", '
+     '"ttl_s": 1e999}', "field 'ttl_s' is inf"),
+    ('{"run_id": "r1", "seq": 1, "ts_ns": 2, "event": "block_freed", "block_id": '
+     + "9" * 5000 + "}", "invalid JSON"),
+    ("[" * 100000 + "]" * 100000, "invalid JSON"),
+    ('{"run_id": "r1", "seq": 1, "ts_ns": 2, "event": "block_freed", "block_id": -3}',
+     "field 'block_id' is -3"),
+])
+def test_hostile_values_name_the_line(tmp_path: Path, line: str, expect: str) -> None:
+    msg = _error(tmp_path, line)
+    assert msg.startswith(f"{tmp_path / 'bad.jsonl'}:2: ") and expect in msg
+
+
+def test_in_range_values_are_accepted(tmp_path: Path) -> None:
+    ok = ('{"run_id": "r1", "seq": 1, "ts_ns": 2, "event": "block_cached", "position": 1000, '
+          '"block_id": 0}')
+    src = _write_lines(tmp_path / "ok.jsonl", [json.dumps(CANONICAL[0]), ok])
+    assert read_jsonl(src).num_rows == 2
+
+
+def test_an_import_keeps_hashes_and_has_no_clock(tmp_path: Path) -> None:
+    out = import_jsonl(_canonical_file(tmp_path / "in.jsonl"), tmp_path / "run")[0]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["clock"] is None and manifest["hash_scheme"] == "imported"

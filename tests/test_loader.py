@@ -20,7 +20,8 @@ def _record(run_dir: Path, run_id: str = "r1", n: int = 30, *, batch_events: int
             rotate_bytes: int | None = None) -> Path:
     """A real run: n block_cached events, flushed (one record batch) every batch_events."""
     kwargs = {} if rotate_bytes is None else {"rotate_bytes": rotate_bytes}
-    writer = RunWriter(run_dir, {"run_id": run_id, "model": "tiny", "block_size": 32}, **kwargs)
+    writer = RunWriter(run_dir, {"run_id": run_id, "model": "tiny", "block_size": 32},
+                       hash_scheme="vllm-raw", seal=False, **kwargs)
     buf = EventBuffer(writer, run_id, flush_interval_s=3600)
     for i in range(n):
         buf.emit("block_cached", block_id=i, block_hash=2**64 - 1 - i, position=i,
@@ -116,9 +117,11 @@ def test_truncated_last_segment_keeps_every_complete_batch(tmp_path: Path) -> No
     kept = sizes[0] + sizes[1]
     assert trace.events.num_rows == kept
     assert trace.events.column("seq").to_pylist() == list(range(kept))
-    (msg,) = trace.truncations
+    msg = trace.truncations[0]
     assert str(seg) in msg and "kept 2 complete batches" in msg
     assert trace.truncated_runs == {"r1"}
+    (hole,) = trace.holes  # a complete run: the manifest says how far the segment went
+    assert (hole.reason, hole.first_seq, hole.last_seq) == ("truncated", kept, 31)
 
 
 def test_every_cut_point_of_a_last_segment_is_recovered_or_reported(tmp_path: Path) -> None:
@@ -129,9 +132,9 @@ def test_every_cut_point_of_a_last_segment_is_recovered_or_reported(tmp_path: Pa
     for cut in range(0, len(data), 97):
         seg.write_bytes(data[:cut])
         trace = load_runs([run])
-        assert len(trace.truncations) == 1
         kept_batches = sum(1 for e in ends[1:] if e <= cut)
         assert f"kept {kept_batches} complete batches" in trace.truncations[0]
+        assert trace.holes, "a cut segment is always a hole"
 
 
 def test_an_intact_run_reports_no_truncation(tmp_path: Path) -> None:
@@ -149,12 +152,21 @@ def test_segment_without_end_marker_is_reported_as_truncated(tmp_path: Path) -> 
     assert "no end-of-stream marker" in trace.truncations[0]
 
 
-def test_truncated_segment_that_is_not_the_last_is_an_error(tmp_path: Path) -> None:
+def test_truncated_segment_that_is_not_the_last_is_a_hole_with_its_manifest_span(
+        tmp_path: Path) -> None:
     run = _record(tmp_path / "run", n=50, rotate_bytes=1)
     seg = run / segment_name(0)
+    entry = _manifest(run)["segments"][0]
     seg.write_bytes(seg.read_bytes()[:-20])
-    with pytest.raises(TraceError, match=f"{segment_name(0)}.*not the run's last segment"):
-        load_runs([run])
+    trace = load_runs([run])
+    (hole,) = trace.holes
+    assert hole.reason == "truncated" and hole.last_seq == entry["last_seq"]
+    assert segment_name(0) in trace.truncations[0] and trace.truncated_runs == {"r1"}
+
+
+def test_an_intact_rotated_run_has_no_hole(tmp_path: Path) -> None:
+    trace = load_runs([_record(tmp_path / "run", n=50, rotate_bytes=1)])
+    assert trace.holes == [] and trace.truncations == []
 
 
 def test_garbage_segment_is_an_error_naming_the_file(tmp_path: Path) -> None:
@@ -164,22 +176,24 @@ def test_garbage_segment_is_an_error_naming_the_file(tmp_path: Path) -> None:
         load_runs([run])
 
 
-def test_garbage_after_a_valid_prefix_is_an_error(tmp_path: Path) -> None:
+def test_garbage_after_a_valid_prefix_keeps_the_prefix_and_is_a_hole(tmp_path: Path) -> None:
     run = _record(tmp_path / "run")
     seg = run / segment_name(0)
     data = seg.read_bytes()
     ends = _batch_ends(seg)
     seg.write_bytes(data[:ends[1]] + b"\x00\x01garbage!" * 40)
-    with pytest.raises(TraceError, match=segment_name(0)):
-        load_runs([run])
+    trace = load_runs([run])
+    assert trace.events.num_rows > 0 and trace.holes
+    assert any("corrupt IPC framing" in t for t in trace.truncations)
 
 
-def test_bytes_after_the_end_marker_are_an_error(tmp_path: Path) -> None:
+def test_bytes_after_the_end_marker_are_a_hole(tmp_path: Path) -> None:
     run = _record(tmp_path / "run")
     seg = run / segment_name(0)
     seg.write_bytes(seg.read_bytes() + b"trailing")
-    with pytest.raises(TraceError, match="after end of stream"):
-        load_runs([run])
+    trace = load_runs([run])
+    assert trace.events.num_rows == load_runs([_record(tmp_path / "twin")]).events.num_rows
+    assert any("after end of stream" in t for t in trace.truncations)
 
 
 def test_missing_manifest_is_an_error(tmp_path: Path) -> None:
@@ -213,7 +227,7 @@ def test_current_schema_version_is_accepted(tmp_path: Path) -> None:
 
 def test_segment_from_a_future_schema_version_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     w.close()
     future = ARROW_SCHEMA.with_metadata({"kvclaims.schema_version": str(SCHEMA_VERSION + 1)})
     with pa.OSFile(str(run / segment_name(0)), "wb") as fh, pa.ipc.new_stream(fh, future):
@@ -225,25 +239,36 @@ def test_segment_from_a_future_schema_version_is_refused(tmp_path: Path) -> None
         load_runs([run])
 
 
-def test_older_segment_lacking_columns_reads_them_as_null(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    RunWriter(run, {"run_id": "r1"}).close()
-    older = pa.schema([ARROW_SCHEMA.field(c) for c in ("run_id", "seq", "ts_ns", "event",
-                                                        "block_id", "request_id")])
-    batch = pa.record_batch([pa.array(["r1"], COLUMNS["run_id"]), pa.array([0], pa.int64()),
-                             pa.array([5], pa.int64()),
-                             pa.array(["block_freed"], COLUMNS["event"]),
-                             pa.array([3], pa.int32()), pa.array(["q"], COLUMNS["request_id"])],
+def _older_run(run: Path, version: int, drop: tuple[str, ...]) -> Path:
+    """A run whose one segment (no checksums, as before them) lacks the columns ``drop``."""
+    RunWriter(run, {"run_id": "r1"}, seal=False).close()
+    older = pa.schema([f for f in ARROW_SCHEMA if f.name not in drop],
+                      metadata={"kvclaims.schema_version": str(version)})
+    values = {"run_id": "r1", "seq": 0, "ts_ns": 5, "event": "run_started"}
+    batch = pa.record_batch([pa.array([values.get(f.name)], f.type) for f in older],
                             schema=older)
     with pa.OSFile(str(run / segment_name(0)), "wb") as fh, pa.ipc.new_stream(fh, older) as w:
         w.write_batch(batch)
     m = _manifest(run)
-    m["complete"] = False
+    m.update(complete=False, schema_version=version)
+    del m["batch_checksum"]
     _write_manifest(run, m)
-    trace = load_runs([run])
+    return run
+
+
+def test_older_segment_lacking_columns_reads_them_as_null(tmp_path: Path) -> None:
+    trace = load_runs([_older_run(tmp_path / "run", 1, ("step", "hook", "error_type",
+                                                         "released_by"))])
     row = trace.events.to_pylist()[0]
-    assert row["block_id"] == 3 and row["block_hash"] is None
-    assert trace.events.schema.equals(EVENTS_SCHEMA)
+    assert row["event"] == "run_started" and row["step"] is None
+    assert trace.events.schema.equals(EVENTS_SCHEMA) and trace.holes == []
+
+
+def test_segment_lacking_a_required_column_is_a_hole_not_nulls(tmp_path: Path) -> None:
+    trace = load_runs([_older_run(tmp_path / "run", 2, ("claim_id",))])
+    assert trace.events.num_rows == 0
+    assert any(h.reason == "missing_columns" for h in trace.holes)
+    assert any("claim_id" in t for t in trace.truncations)
 
 
 def test_a_path_that_is_not_a_run_dir_is_an_error(tmp_path: Path) -> None:
@@ -298,7 +323,7 @@ def test_events_of_another_run_id_are_an_error(tmp_path: Path) -> None:
 
 def test_seq_going_backwards_is_an_error(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     for seqs in ([0, 1], [1, 2]):
         w.write_batch(build_batch(seqs, seqs, ["block_freed"] * 2, "r1", {}))
     w.close()
@@ -308,7 +333,7 @@ def test_seq_going_backwards_is_an_error(tmp_path: Path) -> None:
 
 def test_unfinished_run_is_listed_as_incomplete(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    w = RunWriter(run, {"run_id": "r1"})
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
     w.write_batch(build_batch([0], [0], ["block_freed"], "r1", {}))
     # never closed: as after a crash
     trace = load_runs([run])
@@ -362,3 +387,92 @@ def test_iter_batches_reports_truncations(tmp_path: Path) -> None:
     notes: list[str] = []
     list(iter_batches([run], truncations=notes))
     assert len(notes) == 1 and str(seg) in notes[0]
+
+
+# -- integrity: checksums, head, tail, manifest values -------------------------------------------
+
+def test_a_damaged_middle_batch_is_a_hole_and_later_batches_still_load(tmp_path: Path) -> None:
+    run = _record(tmp_path / "run", n=30, batch_events=10)
+    seg = run / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    g = scan_stream(bytes(data), str(seg)).groups[1]  # seqs 10..19 (run_started is 0)
+    data[(g.meta_end + g.end) // 2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    trace = load_runs([run])
+    seqs = trace.events.column("seq").to_pylist()
+    (hole,) = trace.holes
+    assert (hole.reason, hole.first_seq, hole.last_seq) == ("corrupt_batch", 11, 20)
+    assert 11 not in seqs and 21 in seqs and seqs[-1] == 31
+    assert trace.truncated_runs == {"r1"}
+
+
+def test_an_intact_batch_is_not_a_hole(tmp_path: Path) -> None:
+    run = _record(tmp_path / "run", n=30, batch_events=10)
+    assert load_runs([run]).holes == []
+
+
+def test_a_removed_head_is_a_hole(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
+    w.write_batch(build_batch([300, 301], [1, 2], ["block_freed"] * 2, "r1",
+                              {"block_id": [1, 2]}))
+    w.close()
+    (hole,) = load_runs([run]).holes
+    assert (hole.reason, hole.first_seq, hole.last_seq) == ("missing_head", 0, 299)
+
+
+def test_an_emptied_last_segment_of_a_complete_run_is_a_hole(tmp_path: Path) -> None:
+    run = _record(tmp_path / "run", n=50, rotate_bytes=1)
+    last = sorted(run.glob("events-*.arrows"))[-1]
+    last.write_bytes(b"")
+    trace = load_runs([run])
+    assert any(h.reason in ("truncated", "missing_tail") for h in trace.holes)
+    assert trace.truncated_runs == {"r1"}
+
+
+@pytest.mark.parametrize("key,raw", [
+    ("usable_blocks", str(2**40)), ("usable_blocks", "9" * 5000), ("schema_version", "[]"),
+    ("block_size", "1e999"), ("events_written", "-1"), ("model", "5"),
+    ("segments", "[" * 100000 + "]" * 100000), ("clock", "3")])
+def test_hostile_manifest_values_are_one_clear_error(tmp_path: Path, key: str, raw: str) -> None:
+    run = _record(tmp_path / "run")
+    text = json.dumps({**_manifest(run), key: "__X__"}).replace('"__X__"', raw)
+    (run / "manifest.json").write_text(text)
+    with pytest.raises(TraceError, match="manifest"):
+        load_runs([run])
+
+
+def test_out_of_range_values_in_a_segment_are_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    w = RunWriter(run, {"run_id": "r1"}, seal=False)
+    w.write_batch(build_batch([0], [1], ["block_cached"], "r1",
+                              {"block_id": [1], "position": [2**31 - 1]}))
+    w.close()
+    with pytest.raises(TraceError, match="seq 0: field 'position' is 2147483647"):
+        load_runs([run])
+
+
+def test_a_sealed_file_failing_midway_resumes_from_the_segments_without_duplicates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.parquet as pq
+
+    from recorder import trace_writer
+
+    monkeypatch.setattr(trace_writer, "SEAL_ROW_GROUP", 8)
+    run = tmp_path / "run"
+    w = RunWriter(run, {"run_id": "r1"}, rotate_bytes=1)
+    for i in range(6):
+        names = (["run_started"] if i == 0 else ["block_freed"]) + ["block_freed"] * 4
+        w.write_batch(build_batch(list(range(i * 5, i * 5 + 5)), [0] * 5, names, "r1",
+                                  {"block_id": [None if i == 0 else 1] + [1] * 4}))
+    w.close()
+    sealed = run / "events.parquet"
+    meta = pq.ParquetFile(str(sealed)).metadata
+    assert meta.num_row_groups >= 3
+    col = meta.row_group(2).column(1)  # "seq" of the third row group
+    data = bytearray(sealed.read_bytes())
+    data[col.data_page_offset + 20] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    trace = load_runs([run])
+    assert trace.events.column("seq").to_pylist() == list(range(30))
+    assert any("sealed copy unusable" in t for t in trace.truncations) and trace.holes == []
