@@ -388,14 +388,15 @@ class Audit:
 def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | None = None,
                progress: Callable[[str], None] | None = None,
                temp_directory: str | Path | None = None, threads: int | None = None,
-               reuse: bool = True, lock: bool = True) -> Audit:
+               reuse: bool = True, lock: bool = True, views: bool = True) -> Audit:
     """Open run directories, sweep directories, globs or JSON Lines traces as one ``Audit``.
 
     Streams the events into a temporary on-disk DuckDB database (memory bounded by
     ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it),
     reconstructs them (or reuses every run's up-to-date ``reconstructed/*.parquet`` when
     ``reuse``), adds ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views
-    and locks the connection down (``lock``). ``progress`` is told ``read``, each stage's
+    and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
+    (no ``ts``, no views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each stage's
     name, and ``views``. Bad input raises ``InputError`` (one line, naming the file).
     """
     import duckdb
@@ -435,15 +436,15 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
             core.run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
                             progress=progress, persist=False)
         _register_manifests(con, info)
-        tables = _add_utc(con)
+        tables = _add_utc(con) if views else _shown(con)
         import queries
 
-        views = queries.apply(con)
+        view_names = queries.apply(con) if views else []
         if progress is not None:
             progress("views")
         audit = Audit(con=con, runs=sorted(info.manifests), manifests=dict(info.manifests),
                       run_dirs=dict(info.run_dirs), truncations=list(info.truncations),
-                      truncated_runs=set(info.truncated_runs), tables=tables, views=views,
+                      truncated_runs=set(info.truncated_runs), tables=tables, views=view_names,
                       reused=fresh is not None, _tmp=tmp)
         if lock:
             lock_down(con)
@@ -483,16 +484,22 @@ def _register_manifests(con: Any, info: Any) -> None:
     con.unregister("kv_clock_in")
 
 
+def _shown(con: Any) -> list[str]:
+    """The tables an audit shows: events, manifests, the reconstructed tables, then any other
+    non-internal table a stage made (``kv_*`` are the stages' own)."""
+    present = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
+    shown = ["events", "manifests"] + [t for t in RECONSTRUCTED if t in present]
+    return shown + sorted(t for t in present if t not in shown and not t.startswith("kv_"))
+
+
 def _add_utc(con: Any) -> list[str]:
     """Give every shown table with ``ts_ns`` a ``ts`` column (UTC ``TIMESTAMP``): the table
     becomes ``kv_raw_<name>`` and a view ``<name>`` adds ``ts``. Returns the shown tables.
 
     NOTE: ts = anchor utc + (ts_ns - anchor ts_ns); NULL when the run has no clock.
     """
-    present = {r[0] for r in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
-    shown = ["events", "manifests"] + [t for t in RECONSTRUCTED if t in present]
-    shown += sorted(t for t in present if t not in shown and not t.startswith("kv_"))
+    shown = _shown(con)
     for name in shown:
         cols = [r[0] for r in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [name]).fetchall()]

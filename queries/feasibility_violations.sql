@@ -1,5 +1,6 @@
--- feasibility_violations: admission decisions that break the capacity rule
--- protected + required <= usable. One row per offending decision: an admission that did not
+-- feasibility_violations: admission decisions that break the capacity rule (protected +
+-- required <= usable).
+-- One row per offending decision: an admission that did not
 -- fit (something protected had to give), or a deferral/refusal that would have fit (a claim
 -- blocked a request it did not need to). Needs the reconstructed table `feasibility`.
 CREATE OR REPLACE VIEW feasibility_violations AS

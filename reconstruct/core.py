@@ -408,7 +408,8 @@ def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | Non
     warnings.warn("reconstruct_paths is deprecated: use kvclaims.open(paths)",
                   DeprecationWarning, stacklevel=2)
     audit = kvclaims.open(paths, memory_limit=memory_limit, temp_directory=temp_directory,
-                          threads=threads, progress=progress, reuse=False, lock=False)
+                          threads=threads, progress=progress, reuse=False, lock=False,
+                          views=False)
     info = StreamedInput(dict(audit.manifests), dict(audit.run_dirs), list(audit.truncations),
                          set(audit.truncated_runs))
     tables = Tables(audit.con, list(audit.runs))
