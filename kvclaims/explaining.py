@@ -99,7 +99,8 @@ class Explanation:
             if s.why:
                 out.append("  Why:")
                 out += [f"    {w}" for w in s.why]
-            out.append(f"  Value lost: {_value(s.value_lost)}")
+            if s.kind == "claim":
+                out.append(f"  Value lost: {_value(s.value_lost)}")
             if s.prevention:
                 out.append("  What would have prevented it:")
                 out += [f"    {p}" for p in s.prevention]
@@ -116,7 +117,8 @@ class Explanation:
             out += [f"| {m.utc or '-'} | {m.seq} | {_md_cell(m.text)} |" for m in s.timeline]
             if s.why:
                 out += ["", "**Why**", ""] + [f"- {w}" for w in s.why]
-            out += ["", f"**Value lost:** {_value(s.value_lost)}"]
+            if s.kind == "claim":
+                out += ["", f"**Value lost:** {_value(s.value_lost)}"]
             if s.prevention:
                 out += ["", "**What would have prevented it**", ""]
                 out += [f"- {p}" for p in s.prevention]
@@ -141,7 +143,8 @@ class Explanation:
             if s.why:
                 parts.append("<h3>Why</h3><ul>" + "".join(f"<li>{e(w)}</li>" for w in s.why)
                              + "</ul>")
-            parts.append(f"<p><b>Value lost:</b> {e(_value(s.value_lost))}</p>")
+            if s.kind == "claim":
+                parts.append(f"<p><b>Value lost:</b> {e(_value(s.value_lost))}</p>")
             if s.prevention:
                 parts.append("<h3>What would have prevented it</h3><ul>"
                              + "".join(f"<li>{e(p)}</li>" for p in s.prevention) + "</ul>")
@@ -322,7 +325,10 @@ class _Facts:
 
     def claim_rows(self, claim: str | None) -> list[dict[str, Any]]:
         rel = self.con.execute(f"""
-            SELECT c.*, c.{self.instance_col} AS instance_seq, m.policy, m.manifest_json
+            SELECT c.*, c.{self.instance_col} AS instance_seq, m.manifest_json,
+                   coalesce(m.policy, (SELECT any_value(e.policy) FROM events e
+                                       WHERE e.run_id = c.run_id
+                                         AND e.event = 'run_started')) AS policy
             FROM claims c LEFT JOIN manifests m ON m.run_id = c.run_id
             WHERE c.tenant = $t AND ($c IS NULL OR c.claim_id = $c)
             ORDER BY c.run_id, instance_seq NULLS FIRST, c.claim_id""",
