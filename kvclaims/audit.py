@@ -21,6 +21,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import shutil
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -230,7 +232,8 @@ def _fresh_tables(runs: Sequence[Any], code: str) -> list[str] | None:
 @dataclass
 class Audit:
     """An opened audit: the events, the reconstructed tables and the documented views in one
-    read-only DuckDB connection. Close it (or use ``with``) to remove its temporary database.
+    read-only DuckDB connection. Close it (or use ``with``) to remove its temporary database
+    now; otherwise it goes when the connection and every relation from it are gone.
     """
 
     con: Any
@@ -243,7 +246,9 @@ class Audit:
     views: list[str] = field(default_factory=list)
     reused: bool = False
     locked: bool = False
-    _tmp: str | None = field(default=None, repr=False)
+    # NOTE: removes the temporary database once the connection is gone: relations keep the
+    # connection alive, so kvclaims.open(p).sql(...).pl() works on a dropped Audit
+    _cleanup: Any = field(default=None, repr=False)
 
     # -- relations ---------------------------------------------------------------------------
 
@@ -355,24 +360,17 @@ class Audit:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection and remove the temporary database."""
-        from reconstruct.core import drop_database
-
-        tmp, self._tmp = self._tmp, None
-        drop_database(self.con, tmp)
+        """Close the connection and remove the temporary database (relations from this audit
+        stop working)."""
+        self.con.close()
+        if self._cleanup is not None:
+            self._cleanup()
 
     def __enter__(self) -> Audit:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __del__(self) -> None:  # NOTE: a forgotten audit must not leave its database behind
-        try:
-            if self._tmp is not None:
-                self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -445,7 +443,8 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
         audit = Audit(con=con, runs=sorted(info.manifests), manifests=dict(info.manifests),
                       run_dirs=dict(info.run_dirs), truncations=list(info.truncations),
                       truncated_runs=set(info.truncated_runs), tables=tables, views=view_names,
-                      reused=fresh is not None, _tmp=tmp)
+                      reused=fresh is not None,
+                      _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
         if lock:
             lock_down(con)
             audit.locked = True
