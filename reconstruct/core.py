@@ -42,7 +42,7 @@ from reconstruct import blocks
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
-    "losses", "loss_claims", "claims", "requests", "feasibility", "findings")
+    "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
 
 STAGES: Final[tuple[str, ...]] = (
     "01_runs.sql", "02_blocks.sql", "03_claims.sql", "04_labels.sql", "05_outcomes.sql",
@@ -213,6 +213,8 @@ def configure(con: Any, *, memory_limit: str | None = None,
         con.execute("SET threads = ?", [threads])
     # NOTE: our outputs carry explicit ORDER BYs; not preserving scan order saves memory.
     con.execute("SET preserve_insertion_order = false")
+    # NOTE: DuckDB's own progress bar would print into our stdout (CSV, JSON): ours is on stderr
+    con.execute("SET enable_progress_bar = false")
 
 
 def _policies_table() -> pa.Table:
