@@ -442,11 +442,12 @@ def format_json(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def format_csv(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """RFC 4180 CSV with a header; NULL is an empty field, lists are JSON."""
+    """RFC 4180 CSV with a header; NULL is an empty field, booleans true/false, lists JSON."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(names)
     for r in rows:
         w.writerow(["" if v is None else json.dumps(_jsonable(v)) if isinstance(v, (list, dict))
+                    else ("true" if v else "false") if isinstance(v, bool)
                     else _jsonable(v) for v in r])
     return buf.getvalue()
