@@ -493,8 +493,9 @@ def _shown(con: Any) -> list[str]:
 
 
 def _add_utc(con: Any) -> list[str]:
-    """Give every shown table with ``ts_ns`` a ``ts`` column (UTC ``TIMESTAMP``): the table
-    becomes ``kv_raw_<name>`` and a view ``<name>`` adds ``ts``. Returns the shown tables.
+    """Give every shown table with ``ts_ns`` a ``ts`` column (UTC ``TIMESTAMP``; likewise
+    ``X_ts_ns`` -> ``X_ts``): the table becomes ``kv_raw_<name>`` and a view ``<name>`` adds
+    the columns. Returns the shown tables.
 
     NOTE: ts = anchor utc + (ts_ns - anchor ts_ns); NULL when the run has no clock.
     """
@@ -502,13 +503,18 @@ def _add_utc(con: Any) -> list[str]:
     for name in shown:
         cols = [r[0] for r in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [name]).fetchall()]
-        if "ts_ns" not in cols or "ts" in cols or "run_id" not in cols:
+        # ts_ns -> ts, first_harm_ts_ns -> first_harm_ts, ...
+        pairs = [(c, c[: -len("_ns")]) for c in cols
+                 if (c == "ts_ns" or c.endswith("_ts_ns")) and c[: -len("_ns")] not in cols]
+        if not pairs or "run_id" not in cols:
             continue
+        added = ",\n".join(
+            f"CAST(c.utc + to_microseconds((t.{src} - c.ts_ns) // 1000) AS TIMESTAMP) AS {dst}"
+            for src, dst in pairs)
         con.execute(f"ALTER TABLE {name} RENAME TO {_RAW}{name}")
         con.execute(f"""
             CREATE TEMP VIEW {name} AS
-            SELECT t.*,
-                   CAST(c.utc + to_microseconds((t.ts_ns - c.ts_ns) // 1000) AS TIMESTAMP) AS ts
+            SELECT t.*, {added}
             FROM {_RAW}{name} t LEFT JOIN kv_clock c ON c.run_id = t.run_id""")
     return shown
 

@@ -101,3 +101,29 @@ def test_claim_timeline_is_in_seq_order_per_claim_instance(audit) -> None:
     rows = audit.sql("SELECT run_id, claim_id, claim_seq, seq FROM claim_timeline").fetchall()
     assert rows and rows == sorted(rows, key=lambda r: (r[0], r[1], r[2], r[3]))
     assert all(r[3] >= r[2] for r in rows)   # nothing before the instance starts
+
+
+def _admissions(tmp_path: Path, protected: int, required: int, decision: str) -> Path:
+    events = [
+        {"run_id": "cap", "seq": 0, "ts_ns": 1, "event": "run_started", "model": "m",
+         "block_size": 16, "num_blocks": 11, "usable_blocks": 10, "policy": "hard_protected"},
+        {"run_id": "cap", "seq": 1, "ts_ns": 2, "event": "request_arrived", "request_id": "r",
+         "tenant": "t", "num_prompt_tokens": 16 * required},
+        {"run_id": "cap", "seq": 2, "ts_ns": 3, "event": f"request_{decision}",
+         "request_id": "r", "blocks_required": required, "free_blocks": 10 - protected,
+         "protected_blocks": protected, "usable_blocks": 10},
+    ]
+    path = tmp_path / "cap.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def test_an_admission_that_does_not_fit_is_a_feasibility_violation(tmp_path: Path) -> None:
+    with kvclaims.open([_admissions(tmp_path, 8, 5, "admitted")]) as a:
+        rows = a.sql("SELECT seq, violation FROM feasibility_violations").fetchall()
+    assert rows == [(2, "infeasible_admission")]
+
+
+def test_an_admission_that_fits_is_no_violation(tmp_path: Path) -> None:
+    with kvclaims.open([_admissions(tmp_path, 2, 5, "admitted")]) as a:
+        assert a.sql("SELECT count(*) FROM feasibility_violations").fetchall() == [(0,)]
