@@ -25,7 +25,7 @@ import shutil
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from importlib import resources
 from itertools import chain
 from pathlib import Path
@@ -112,28 +112,35 @@ class Clock:
 def clock_anchor(manifest: dict[str, Any]) -> Clock | None:
     """The manifest's wall-clock anchor, or None ("no clock": imports, older traces).
 
-    Reads ``manifest["clock"] = {"utc": ISO-8601, "ts_ns": int, "host": str}`` (also accepting
-    ``start_utc``/``started_utc``/``wall_utc`` and ``start_ts_ns``/``anchor_ts_ns``/
-    ``monotonic_ns``, nested or at the top level).
+    Reads the recorder's ``manifest["clock"] = {"utc": ISO-8601, "utc_ns": int,
+    "monotonic_ns": int, "host": str}`` (``utc_ns`` wins over ``utc`` when both are there;
+    also accepted: ``ts_ns``/``start_ts_ns``/``anchor_ts_ns`` for the monotonic reading).
     """
-    candidates = [manifest.get("clock"), manifest.get("wall_clock"), manifest]
-    for c in candidates:
-        if not isinstance(c, dict):
-            continue
-        utc = _first(c, ("utc", "start_utc", "started_utc", "wall_utc", "run_start_utc"))
-        ts = _first(c, ("ts_ns", "start_ts_ns", "anchor_ts_ns", "monotonic_ns",
-                        "monotonic_ts_ns"))
-        if not isinstance(utc, str) or not isinstance(ts, int) or isinstance(ts, bool):
-            continue
+    c = manifest.get("clock")
+    if not isinstance(c, dict):
+        return None
+    ts = _first(c, ("monotonic_ns", "ts_ns", "start_ts_ns", "anchor_ts_ns"))
+    if not isinstance(ts, int) or isinstance(ts, bool):
+        return None
+    when: datetime | None = None
+    utc_ns = c.get("utc_ns")
+    if isinstance(utc_ns, int) and not isinstance(utc_ns, bool):
         try:
-            when = datetime.fromisoformat(utc.replace("Z", "+00:00"))
+            when = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
+                microseconds=utc_ns // 1000)
+        except (OverflowError, OSError, ValueError):
+            when = None
+    if when is None and isinstance(c.get("utc"), str):
+        try:
+            when = datetime.fromisoformat(c["utc"].replace("Z", "+00:00"))
         except ValueError:
-            continue
+            return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=timezone.utc)
-        host = _first(c, ("host", "hostname"))
-        return Clock(when.astimezone(timezone.utc), ts, host if isinstance(host, str) else None)
-    return None
+    if when is None:
+        return None
+    host = _first(c, ("host", "hostname"))
+    return Clock(when.astimezone(timezone.utc), ts, host if isinstance(host, str) else None)
 
 
 def _first(d: dict[str, Any], keys: Sequence[str]) -> Any:

@@ -123,7 +123,9 @@ def _with_clock(src: Path, dst: Path) -> Path:
     from reconstruct.loader import load_runs
 
     first_ts = pa.compute.min(load_runs([run]).events.column("ts_ns")).as_py()
-    manifest["clock"] = {"utc": "2026-11-30T10:42:07.123000Z", "ts_ns": first_ts,
+    # the recorder's anchor (docs/trace-format.md): utc and utc_ns read with monotonic_ns
+    manifest["clock"] = {"utc": "2026-11-30T10:42:07.123000000Z",
+                         "utc_ns": 1_796_035_327_123_000_000, "monotonic_ns": first_ts,
                          "host": "gpu-node-7"}
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
@@ -135,6 +137,20 @@ def test_ts_is_utc_from_the_manifest_anchor(tmp_path: Path) -> None:
         first = audit.sql("SELECT ts FROM events ORDER BY seq LIMIT 1").fetchall()[0][0]
         assert first.isoformat() == "2026-11-30T10:42:07.123000"
         assert audit.sql("SELECT count(*) FROM losses WHERE ts IS NULL").fetchall()[0][0] == 0
+
+
+def test_clock_anchor_reads_the_iso_time_when_utc_ns_is_absent() -> None:
+    from kvclaims.audit import clock_anchor
+
+    got = clock_anchor({"clock": {"utc": "2026-11-30T10:42:07.123456789Z", "monotonic_ns": 5}})
+    assert got is not None and got.ts_ns == 5 and got.utc.microsecond == 123456
+
+
+def test_a_manifest_without_clock_has_no_anchor() -> None:
+    from kvclaims.audit import clock_anchor
+
+    assert clock_anchor({"run_id": "r"}) is None
+    assert clock_anchor({"clock": None}) is None     # importers write null
 
 
 def test_ts_is_null_without_a_clock() -> None:
