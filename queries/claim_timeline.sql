@@ -2,17 +2,18 @@
 -- One row per claim event (submitted, accepted, rejected, bound, materialized, demoted,
 -- expired, released, release refused, harmed as reported by the runtime) and per loss of a
 -- block bound to the claim (from `loss_claims`, with its label). A claim instance starts at
--- its `claim_submitted`; later events with that claim_id belong to the latest instance (an id
--- with no submit: from its first event). Needs `events` and `loss_claims`.
+-- its `claim_submitted`; later events with that claim_id belong to the latest instance (events
+-- before any submit: from the id's first claim event). Needs `events` and `loss_claims`.
 CREATE OR REPLACE VIEW claim_timeline AS
 WITH starts AS (
+    -- NOTE: the same rule as the reconstruction's claim_seq: a submit starts an instance;
+    -- events of an id before any submit belong to the id's first claim event
     SELECT run_id, claim_id, seq AS claim_seq
     FROM events WHERE event = 'claim_submitted' AND claim_id IS NOT NULL
     UNION
     SELECT run_id, claim_id, min(seq)
     FROM events WHERE claim_id IS NOT NULL AND event LIKE 'claim_%'
     GROUP BY run_id, claim_id
-    HAVING count(*) FILTER (WHERE event = 'claim_submitted') = 0
 ), rows AS (
     SELECT run_id, claim_id, seq, ts_ns, ts, 'event' AS kind, event AS what, NULL AS label,
            NULL::INTEGER AS block_id, position, request_id, tenant, protection_mode,

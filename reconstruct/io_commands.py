@@ -124,11 +124,18 @@ def _warn(messages: Sequence[str], command: str = "kvclaims") -> None:
 
 # -- progress -------------------------------------------------------------------------------------
 
-# Reconstruction steps as a user sees them: read, label, tables (then the views).
-_PHASES = {"read": "read", "01_runs.sql": "label", "02_blocks.sql": "label",
-           "03_claims.sql": "label", "04_labels.sql": "label", "05_outcomes.sql": "tables",
-           "06_findings.sql": "tables", "07_conformance.sql": "tables",
-           "reused reconstructed/": "tables (reused reconstructed/)", "views": "views"}
+# Reconstruction steps as a user sees them: read, label (stages 01-04), tables (05-...),
+# then the views.
+_PHASES = {"read": "read", "reused reconstructed/": "tables (reused reconstructed/)",
+           "views": "views"}
+
+
+def _phase(step: str) -> str:
+    if step in _PHASES:
+        return _PHASES[step]
+    if step[:2].isdigit():
+        return "label" if int(step[:2]) <= 4 else "tables"
+    return step
 
 
 def progress_reporter(command: str, quiet: bool = False,
@@ -143,7 +150,7 @@ def progress_reporter(command: str, quiet: bool = False,
     done: list[str] = []
 
     def report(step: str) -> None:
-        phase = _PHASES.get(step, step)
+        phase = _phase(step)
         if done and done[-1] == phase:
             return
         if done:
