@@ -103,27 +103,46 @@ def test_claim_timeline_is_in_seq_order_per_claim_instance(audit) -> None:
     assert all(r[3] >= r[2] for r in rows)   # nothing before the instance starts
 
 
-def _admissions(tmp_path: Path, protected: int, required: int, decision: str) -> Path:
-    events = [
-        {"run_id": "cap", "seq": 0, "ts_ns": 1, "event": "run_started", "model": "m",
-         "block_size": 16, "num_blocks": 11, "usable_blocks": 10, "policy": "hard_protected"},
-        {"run_id": "cap", "seq": 1, "ts_ns": 2, "event": "request_arrived", "request_id": "r",
-         "tenant": "t", "num_prompt_tokens": 16 * required},
-        {"run_id": "cap", "seq": 2, "ts_ns": 3, "event": f"request_{decision}",
-         "request_id": "r", "blocks_required": required, "free_blocks": 10 - protected,
-         "protected_blocks": protected, "usable_blocks": 10},
+def _admissions(tmp_path: Path, claimed: int, required: int) -> Path:
+    """A native run (nothing enforced): a claim keeps ``claimed`` of 10 usable blocks cached
+    and bound, then another request needing ``required`` blocks is admitted."""
+    ev: list[dict] = [
+        {"event": "run_started", "model": "m", "block_size": 16, "num_blocks": 11,
+         "usable_blocks": 10, "policy": "native"},
+        {"event": "request_arrived", "request_id": "r1", "tenant": "t",
+         "num_prompt_tokens": 16 * claimed, "claim_id": "c1"},
+        {"event": "claim_submitted", "claim_id": "c1", "tenant": "t", "request_id": "r1",
+         "protection_mode": "hard_protected", "threshold_blocks": claimed, "value": 1.0},
+        {"event": "claim_accepted", "claim_id": "c1"},
     ]
+    ev += [{"event": "claim_bound", "claim_id": "c1", "block_hash": 100 + i, "position": i}
+           for i in range(claimed)]
+    ev.append({"event": "request_admitted", "request_id": "r1", "blocks_required": claimed,
+               "free_blocks": 10, "protected_blocks": 0, "usable_blocks": 10})
+    for i in range(claimed):
+        ev.append({"event": "block_allocated", "block_id": i + 1, "request_id": "r1"})
+        ev.append({"event": "block_cached", "block_id": i + 1, "block_hash": 100 + i,
+                   "position": i, "request_id": "r1"})
+    ev.append({"event": "claim_materialized", "claim_id": "c1"})
+    ev.append({"event": "request_finished", "request_id": "r1", "finish_reason": "length"})
+    ev += [{"event": "block_freed", "block_id": i + 1, "request_id": "r1"}
+           for i in range(claimed)]
+    ev.append({"event": "request_arrived", "request_id": "r2", "tenant": "u",
+               "num_prompt_tokens": 16 * required})
+    ev.append({"event": "request_admitted", "request_id": "r2", "blocks_required": required,
+               "free_blocks": 10 - claimed, "protected_blocks": claimed, "usable_blocks": 10})
     path = tmp_path / "cap.jsonl"
-    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    path.write_text("".join(json.dumps({"run_id": "cap", "seq": i, "ts_ns": 1000 + i, **e}) + "\n"
+                            for i, e in enumerate(ev)))
     return path
 
 
 def test_an_admission_that_does_not_fit_is_a_feasibility_violation(tmp_path: Path) -> None:
-    with kvclaims.open([_admissions(tmp_path, 8, 5, "admitted")]) as a:
-        rows = a.sql("SELECT seq, violation FROM feasibility_violations").fetchall()
-    assert rows == [(2, "infeasible_admission")]
+    with kvclaims.open([_admissions(tmp_path, 8, 5)]) as a:
+        rows = a.sql("SELECT request_id, violation FROM feasibility_violations").fetchall()
+    assert rows == [("r2", "infeasible_admission")]
 
 
 def test_an_admission_that_fits_is_no_violation(tmp_path: Path) -> None:
-    with kvclaims.open([_admissions(tmp_path, 2, 5, "admitted")]) as a:
+    with kvclaims.open([_admissions(tmp_path, 2, 5)]) as a:
         assert a.sql("SELECT count(*) FROM feasibility_violations").fetchall() == [(0,)]
