@@ -105,7 +105,8 @@ def test_claim_timeline_is_in_seq_order_per_claim_instance(audit) -> None:
 
 def _admissions(tmp_path: Path, claimed: int, required: int) -> Path:
     """A native run (nothing enforced): a claim keeps ``claimed`` of 10 usable blocks cached
-    and bound, then another request needing ``required`` blocks is admitted."""
+    and bound, then another request needing ``required`` blocks is admitted and allocates
+    them (evicting claimed blocks when the free ones run out)."""
     ev: list[dict] = [
         {"event": "run_started", "model": "m", "block_size": 16, "num_blocks": 11,
          "usable_blocks": 10, "policy": "native"},
@@ -131,6 +132,13 @@ def _admissions(tmp_path: Path, claimed: int, required: int) -> Path:
                "num_prompt_tokens": 16 * required})
     ev.append({"event": "request_admitted", "request_id": "r2", "blocks_required": required,
                "free_blocks": 10 - claimed, "protected_blocks": claimed, "usable_blocks": 10})
+    # r2 takes the free blocks first, then evicts cached (claimed) ones
+    for b in range(required):
+        block = claimed + 1 + b if b < 10 - claimed else b - (10 - claimed) + 1
+        if b >= 10 - claimed:
+            ev.append({"event": "block_evicted", "block_id": block, "block_hash": 100 + block - 1,
+                       "cause": "allocation", "by_request_id": "r2"})
+        ev.append({"event": "block_allocated", "block_id": block, "request_id": "r2"})
     path = tmp_path / "cap.jsonl"
     path.write_text("".join(json.dumps({"run_id": "cap", "seq": i, "ts_ns": 1000 + i, **e}) + "\n"
                             for i, e in enumerate(ev)))
