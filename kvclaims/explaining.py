@@ -32,8 +32,9 @@ LABEL_WORDS: Final[dict[str, str]] = {
     "expiry": "expiry: lost after your claim's TTL ran out, as an ordinary cache entry",
     "relaxation": "relaxation: lost after your claim was demoted or released, as an ordinary "
                   "cache entry",
-    "eviction": "eviction: lost without breaking your claim (it was not in force yet, or "
-                "enough of its blocks stayed resident)",
+    "eviction": "eviction: lost without breaking a promise of your claim (it was not in "
+                "force yet, its mode does not promise residency here, or enough of its blocks "
+                "stayed resident)",
 }
 ANOTHER: Final[str] = "another tenant"
 _LABEL_ORDER: Final[dict[str, int]] = {"harm": 0, "unknown": 1, "expiry": 2, "relaxation": 3,
@@ -449,7 +450,8 @@ class _Facts:
         if what == "claim_release_refused":
             return "a release of the claim was refused" + why
         if what == "claim_harmed":
-            return "the runtime reported the claim harmed"
+            return ("the runtime reported the claim harmed (the audit's own verdict is the label "
+                    "of each loss)")
         return what.replace("_", " ") + why
 
     def releaser(self, released_by: str | None, req: str | None) -> str:
