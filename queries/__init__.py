@@ -1,25 +1,38 @@
 """kvclaims queries: the public, documented SQL library over events + reconstructed tables.
 
 One concept per ``.sql`` file, each creating one view, with a comment above the view and
-above every column (Perfetto stdlib style). Apply them to a DuckDB connection that has
-``events`` and the reconstructed tables (``reconstruct.reconstruct(trace).con`` has both)::
+above every column (Perfetto stdlib style). ``kvclaims.open(paths)`` applies them all; from the
+CLI, ``kvclaims query NAME RUN_DIR...`` shows one and ``kvclaims query --list`` lists them::
 
-    from queries import apply
-    apply(con)
-    con.sql("SELECT * FROM capacity_sweep")
+    import kvclaims
+    kvclaims.open(["traces/sweep-resident60_active70"]).view("capacity_sweep").pl()
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, Final
 
-# Views in the order they are created (none depends on another today; the order is fixed so
-# that one may later).
+# Views in the order they are created (a view may use one created before it).
 VIEWS: Final[tuple[str, ...]] = (
-    "loss_labels", "claim_outcomes", "request_outcomes", "tenant_explanations",
-    "pool_occupancy", "capacity_sweep")
+    "loss_labels", "loss_labels_by_tenant", "claim_outcomes", "claim_timeline",
+    "request_outcomes", "refusals_with_blockers", "feasibility_violations",
+    "tenant_explanations", "pool_occupancy", "capacity_sweep")
+
+#: The tables every audit has (docs/reconstruction.md), with their one-line description.
+TABLES: Final[dict[str, str]] = {
+    "events": "every recorded event, one row per event, strings decoded (docs/trace-format.md)",
+    "manifests": "one row per run: the manifest's facts and its full JSON",
+    "losses": "every block loss with its label: the most severe of its claims' labels",
+    "loss_claims": "one row per (block loss, claim bound to the lost content) with the label",
+    "claims": "every claim's final outcome, value lost, and the seqs of its lifecycle",
+    "requests": "every request's outcome, deferrals, refusal and what it cached",
+    "feasibility": "every admission decision: protected + required vs usable blocks",
+    "findings": "holes in the evidence, disagreements with the runtime, violations, anomalies",
+    "conformance": "litmus L1-L7 and invariants per run: verdict and the seqs that prove it",
+}
 
 
 def sql_text(view: str) -> str:
@@ -27,6 +40,19 @@ def sql_text(view: str) -> str:
     if view not in VIEWS:
         raise KeyError(f"unknown view {view!r}; choose one of {list(VIEWS)}")
     return resources.files("queries").joinpath(f"{view}.sql").read_text(encoding="utf-8")
+
+
+def description(view: str) -> str:
+    """A view's one-line description: its first comment sentence, after ``name:``."""
+    words: list[str] = []
+    for line in sql_text(view).splitlines():
+        if not line.startswith("--"):
+            break
+        words.append(line[2:].strip())
+        if words[-1].endswith("."):
+            break
+    text = " ".join(words)
+    return re.sub(r"^" + re.escape(view) + r":\s*", "", text).strip()
 
 
 def apply(con: Any, views: tuple[str, ...] | list[str] = VIEWS) -> list[str]:
@@ -37,12 +63,17 @@ def apply(con: Any, views: tuple[str, ...] | list[str] = VIEWS) -> list[str]:
 
 
 def audit(trace: Any, progress: Callable[[str], None] | None = None) -> Any:
-    """Reconstruct a loaded trace (``reconstruct.loader.load_runs(paths)``) and apply every
-    view: the one DuckDB connection the CLI summaries and the dashboard read from (``events``,
-    the reconstructed tables, and the views). ``progress`` is told each stage's name.
-    """
-    from reconstruct.core import reconstruct
+    """DEPRECATED (removed once every consumer is on ``kvclaims.open``): the audit of a loaded
+    trace's run directories. Returns the ``kvclaims.audit.Audit`` (it has ``.sql`` and
+    ``.close`` like the connection this used to return)."""
+    import warnings
 
-    con = reconstruct(trace, progress=progress).con
-    apply(con)
-    return con
+    import kvclaims
+
+    warnings.warn("queries.audit is deprecated: use kvclaims.open(paths)", DeprecationWarning,
+                  stacklevel=2)
+    run_dirs = sorted({str(p) for p in getattr(trace, "run_dirs", {}).values()})
+    if not run_dirs:
+        raise TypeError("queries.audit needs a Trace loaded from run directories; "
+                        "use kvclaims.open(paths)")
+    return kvclaims.open(run_dirs, progress=progress)

@@ -3,15 +3,15 @@
 -- content, or a loss). Needs `events` and the reconstructed table `losses`.
 CREATE OR REPLACE VIEW pool_occupancy AS
 WITH changes AS (
-    SELECT run_id, seq, ts_ns, 1 AS delta, 'block_cached' AS change
-    FROM (SELECT run_id, seq, ts_ns, event, block_hash,
+    SELECT run_id, seq, ts_ns, ts, 1 AS delta, 'block_cached' AS change
+    FROM (SELECT run_id, seq, ts_ns, ts, event, block_hash,
                  lag(event) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev_event,
                  lag(block_hash) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev_hash
           FROM events WHERE event IN ('block_cached', 'block_evicted', 'cache_reset'))
     WHERE event = 'block_cached'
       AND NOT (prev_event = 'block_cached' AND prev_hash IS NOT DISTINCT FROM block_hash)
     UNION ALL
-    SELECT run_id, seq, ts_ns, -1, 'loss:' || label FROM losses WHERE was_resident
+    SELECT run_id, seq, ts_ns, ts, -1, 'loss:' || label FROM losses WHERE was_resident
 )
 SELECT
     -- the run
@@ -20,6 +20,8 @@ SELECT
     seq,
     -- time of the change (ns, the recorder's monotonic clock)
     ts_ns,
+    -- time of the change in UTC (NULL when the run has no wall-clock anchor)
+    ts,
     -- what changed: block_cached, or loss:<label>
     change,
     -- blocks holding cached content after this change

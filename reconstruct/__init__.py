@@ -1,7 +1,8 @@
 """kvclaims reconstruct: offline replay of traces into labelled losses and outcomes.
 
-Facade: ``reconstruct.reconstruct(trace) -> Tables`` (see ``reconstruct.core``); the rules are
-in docs/reconstruction.md. Imported lazily so that ``reconstruct.loader`` users do not pay for
+Consumers open an audit with ``kvclaims.open(paths)`` (kvclaims/audit.py: streamed, bounded
+memory); ``reconstruct.reconstruct(events_table) -> Tables`` is the in-memory core that tests
+use. The rules are in docs/reconstruction.md. Imported lazily so that ``reconstruct.loader`` users do not pay for
 DuckDB.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["reconstruct", "reconstruct_paths", "Tables", "TABLE_NAMES", "load_jsonl"]
+__all__ = ["reconstruct", "Tables", "TABLE_NAMES", "load_jsonl"]
 
 
 def __getattr__(name: str) -> Any:

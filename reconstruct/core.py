@@ -13,7 +13,7 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 ``06_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
 =====================  ======================================================================
 
-The semantics are DESIGN.md §4; the exact rules are in docs/reconstruction.md.
+The semantics are in docs/design.md; the exact rules are in docs/reconstruction.md.
 
 NOTE: every stage orders by ``seq`` within a run and joins on ``run_id``: runs never mix.
 NOTE: memory is bounded by DuckDB's ``memory_limit`` (it spills to ``temp_directory``) plus
@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import tempfile
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -43,7 +42,7 @@ from reconstruct import blocks
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
-    "losses", "loss_claims", "claims", "requests", "feasibility", "findings")
+    "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
 
 STAGES: Final[tuple[str, ...]] = (
     "01_runs.sql", "02_blocks.sql", "03_claims.sql", "04_labels.sql", "05_outcomes.sql",
@@ -100,21 +99,12 @@ class Tables:
         raise AttributeError(name)
 
     def write(self, out_dir: str | Path, run_id: str | None = None) -> list[Path]:
-        """Write every table as ``OUT_DIR/<table>.parquet`` (only ``run_id``'s rows if given)."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name in TABLE_NAMES:
-            path = out / f"{name}.parquet"
-            where = "" if run_id is None else " WHERE run_id = $rid"
-            sql = (f"COPY (SELECT * FROM {name}{where}) TO '{_sql_path(path)}' "
-                   "(FORMAT parquet, COMPRESSION zstd)")
-            if run_id is None:
-                self.con.execute(sql)
-            else:
-                self.con.execute(sql, {"rid": run_id})
-            paths.append(path)
-        return paths
+        """Write every table as ``OUT_DIR/<table>.parquet`` (only ``run_id``'s rows if given).
+
+        Streams record batches through pyarrow, so it works on a locked-down connection (no
+        DuckDB file access) in bounded memory.
+        """
+        return write_tables(self.con, TABLE_NAMES, out_dir, run_id=run_id)
 
     def summary(self) -> list[dict[str, Any]]:
         """Per run: loss counts by label, claim outcomes, request outcomes, findings."""
@@ -146,17 +136,85 @@ def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
+def write_tables(con: Any, names: Sequence[str], out_dir: str | Path, *,
+                 run_id: str | None = None) -> list[Path]:
+    """Write tables of ``con`` as ``OUT_DIR/<name>.parquet`` (zstd), ``run_id``'s rows only if
+    given. Batches stream through pyarrow: memory stays bounded and DuckDB needs no file
+    access (the audit connection has it disabled)."""
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot create output directory: {exc.strerror}") from None
+    paths = []
+    for name in names:
+        path = out / f"{name}.parquet"
+        rel = con.table(name)
+        if run_id is not None:
+            rel = rel.filter(duckdb.ColumnExpression("run_id") == duckdb.ConstantExpression(run_id))
+        reader = rel.to_arrow_reader(batch_size=1 << 16)
+        try:
+            with pq.ParquetWriter(str(path), reader.schema, compression="zstd") as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write: {exc}") from None
+        paths.append(path)
+    return paths
+
+
+# DuckDB's size units (1000^i and 1024^i); a bare number is refused: its unit would be a guess.
+_SIZE_RE: Final = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)", re.IGNORECASE)
+
+
+def validate_memory_limit(text: str) -> str:
+    """A ``--memory-limit`` value as DuckDB reads it (e.g. ``2GB``, ``512MiB``), or InputError.
+
+    NOTE: the value is only ever passed to DuckDB as a bound parameter, never formatted into
+    SQL; this check gives a clear message for a typo.
+    """
+    m = _SIZE_RE.fullmatch(str(text).strip())
+    if m is None:
+        raise InputError(f"--memory-limit {text!r}: expected a size such as 512MB, 2GB or "
+                         "4GiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    unit = m.group(2).upper().replace("I", "i")
+    return f"{m.group(1)}{unit}"
+
+
+def validate_temp_directory(path: str | Path) -> Path:
+    """A spill directory: created if missing; InputError when it is not a usable directory."""
+    p = Path(path)
+    if "\0" in str(p):
+        raise InputError("--temp-dir: path contains a NUL byte")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--temp-dir {p}: cannot create directory: {exc.strerror}") from None
+    if not p.is_dir() or not os.access(p, os.W_OK):
+        raise InputError(f"--temp-dir {p}: not a writable directory")
+    return p
+
+
 def configure(con: Any, *, memory_limit: str | None = None,
               temp_directory: str | Path | None = None, threads: int | None = None) -> None:
-    """Bound DuckDB's memory: beyond ``memory_limit`` it spills to ``temp_directory``."""
+    """Bound DuckDB's memory: beyond ``memory_limit`` it spills to ``temp_directory``.
+
+    NOTE: every value is validated, then bound as a parameter: never formatted into SQL.
+    """
     if memory_limit:
-        con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute("SET memory_limit = ?", [validate_memory_limit(memory_limit)])
     if temp_directory:
-        con.execute(f"SET temp_directory = '{_sql_path(Path(temp_directory))}'")
+        con.execute("SET temp_directory = ?", [str(validate_temp_directory(temp_directory))])
     if threads:
-        con.execute(f"SET threads = {int(threads)}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InputError(f"threads must be a positive integer, not {threads!r}")
+        con.execute("SET threads = ?", [threads])
     # NOTE: our outputs carry explicit ORDER BYs; not preserving scan order saves memory.
     con.execute("SET preserve_insertion_order = false")
+    # NOTE: DuckDB's own progress bar would print into our stdout (CSV, JSON): ours is on stderr
+    con.execute("SET enable_progress_bar = false")
 
 
 def _policies_table() -> pa.Table:
@@ -246,6 +304,7 @@ def reconstruct(trace: Any, *, con: Any = None, memory_limit: str | None = None,
 
 
 # -- run directories, streamed (bounded memory) ------------------------------------------------
+# NOTE: ``kvclaims.open`` (kvclaims/audit.py) is the one public way in; these are its parts.
 
 @dataclass
 class StreamedInput:
@@ -255,12 +314,16 @@ class StreamedInput:
     run_dirs: dict[str, Path]
     truncations: list[str]
     truncated_runs: set[str]
+    #: the first bad-input error met while streaming (DuckDB wraps it; it is re-raised as is)
+    error: InputError | None = None
 
 
-def _stream_runs(paths: Sequence[str | Path], info: StreamedInput) -> Iterator[pa.RecordBatch]:
+def stream_runs(runs: Sequence[Any], info: StreamedInput) -> Iterator[pa.RecordBatch]:
+    """Yield the checked, decoded batches of opened runs (``loader.open_runs``), recording
+    manifests, run directories and truncations in ``info``."""
     from reconstruct import loader
 
-    for run in loader.open_runs(paths):
+    for run in runs:
         info.manifests[run.run_id] = run.manifest
         info.run_dirs[run.run_id] = run.path
 
@@ -271,43 +334,35 @@ def _stream_runs(paths: Sequence[str | Path], info: StreamedInput) -> Iterator[p
         yield from loader.read_run(run, note)
 
 
-def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | None = None,
-                      memory_limit: str | None = None, temp_directory: str | Path | None = None,
-                      threads: int | None = None,
-                      progress: Callable[[str], None] | None = None,
-                      persist: bool | None = None) -> tuple[Tables, StreamedInput]:
-    """Reconstruct run directories (or sweep directories) in bounded memory.
-
-    The events are streamed batch by batch into a DuckDB table (in ``database`` if given,
-    else a temporary on-disk database, inside ``temp_directory`` if given), so a trace larger
-    than memory never has to fit. The reconstructed tables are stored in ``database`` when one
-    is given (``persist``, default: whether ``database`` is given); otherwise they are TEMP
-    tables of the connection.
-    """
-    if persist is None:
-        persist = database is not None
-    tmp: str | None = None
-    if database is None:
-        if temp_directory is not None:
-            Path(temp_directory).mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix="kvclaims-reconstruct-",
-                               dir=None if temp_directory is None else str(temp_directory))
-        database = os.path.join(tmp, "reconstruct.duckdb")
-    con = duckdb.connect(str(database))
+def _keeping_error(batches: Iterator[pa.RecordBatch],
+                   info: StreamedInput) -> Iterator[pa.RecordBatch]:
     try:
-        tables, info = _reconstruct_into(con, paths, memory_limit=memory_limit,
-                                         temp_directory=temp_directory, threads=threads,
-                                         progress=progress, persist=persist)
-    except BaseException:
-        _drop_database(con, tmp)
+        yield from batches
+    except InputError as exc:  # NOTE: DuckDB would wrap it into its own error: keep it
+        info.error = exc
         raise
-    if tmp is not None:
-        # NOTE: a database we made up lives exactly as long as the tables that use it
-        weakref.finalize(tables, _drop_database, con, tmp)
-    return tables, info
 
 
-def _drop_database(con: Any, tmp: str | None) -> None:
+def open_database(*, memory_limit: str | None = None, temp_directory: str | Path | None = None,
+                  threads: int | None = None) -> tuple[Any, str]:
+    """A DuckDB connection on a fresh temporary on-disk database (inside ``temp_directory``
+    if given), configured; returns it and the folder to remove when done."""
+    if memory_limit is not None:
+        memory_limit = validate_memory_limit(memory_limit)
+    parent = None if temp_directory is None else str(validate_temp_directory(temp_directory))
+    tmp = tempfile.mkdtemp(prefix="kvclaims-audit-", dir=parent)
+    try:
+        con = duckdb.connect(os.path.join(tmp, "audit.duckdb"))
+        configure(con, memory_limit=memory_limit,
+                  temp_directory=temp_directory if temp_directory is not None
+                  else os.path.join(tmp, "spill"), threads=threads)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return con, tmp
+
+
+def drop_database(con: Any, tmp: str | None) -> None:
     """Close a connection and remove the temporary database folder made for it, if any."""
     try:
         con.close()
@@ -316,36 +371,59 @@ def _drop_database(con: Any, tmp: str | None) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _reconstruct_into(con: Any, paths: Sequence[str | Path], *, memory_limit: str | None,
-                      temp_directory: str | Path | None, threads: int | None,
-                      progress: Callable[[str], None] | None,
-                      persist: bool) -> tuple[Tables, StreamedInput]:
+def import_events(con: Any, batches: Iterator[pa.RecordBatch], info: StreamedInput,
+                  table: str = "events") -> int:
+    """Stream decoded event batches (each run in seq order) into the table ``table`` of
+    ``con``; return the number of events. A bad batch raises the loader's own InputError."""
     from reconstruct import loader
 
-    configure(con, memory_limit=memory_limit, temp_directory=temp_directory, threads=threads)
-    info = StreamedInput({}, {}, [], set())
-    reader = pa.RecordBatchReader.from_batches(loader.EVENTS_SCHEMA, _stream_runs(paths, info))
-    con.register("events_in", reader)
+    if not table.isidentifier():
+        raise ValueError(f"bad table name {table!r}")
+    reader = pa.RecordBatchReader.from_batches(loader.EVENTS_SCHEMA, _keeping_error(batches, info))
+    con.register("kv_events_in", reader)
     # NOTE: the loader yields each run in seq order; keeping that order on disk lets the
     # block stage read windows of seqs that DuckDB's zone maps find without a full scan.
     con.execute("SET preserve_insertion_order = true")
-    con.execute("CREATE OR REPLACE TABLE events AS SELECT * FROM events_in")
-    con.execute("SET preserve_insertion_order = false")
-    con.unregister("events_in")
-    if progress is not None:
-        progress("import")
-    if con.execute("SELECT count(*) FROM events").fetchall()[0][0] == 0 and not info.manifests:
-        raise InputError("no events to reconstruct")
-    run_ids = run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
-                         progress=progress, persist=persist)
-    return Tables(con, run_ids), info
+    try:
+        con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM kv_events_in")
+    except duckdb.Error:
+        if info.error is not None:
+            raise info.error from None
+        raise
+    finally:
+        con.execute("SET preserve_insertion_order = false")
+        con.unregister("kv_events_in")
+    return con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+
+
+def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | None = None,
+                      memory_limit: str | None = None, temp_directory: str | Path | None = None,
+                      threads: int | None = None,
+                      progress: Callable[[str], None] | None = None,
+                      persist: bool | None = None) -> tuple[Tables, StreamedInput]:
+    """DEPRECATED: use ``kvclaims.open(paths)`` (one audit facade). Kept only until the
+    benchmark and the older tests move over; ``database``/``persist`` are ignored."""
+    import warnings
+
+    import kvclaims
+
+    warnings.warn("reconstruct_paths is deprecated: use kvclaims.open(paths)",
+                  DeprecationWarning, stacklevel=2)
+    audit = kvclaims.open(paths, memory_limit=memory_limit, temp_directory=temp_directory,
+                          threads=threads, progress=progress, reuse=False, lock=False,
+                          views=False)
+    info = StreamedInput(dict(audit.manifests), dict(audit.run_dirs), list(audit.truncations),
+                         set(audit.truncated_runs))
+    tables = Tables(audit.con, list(audit.runs))
+    tables._audit = audit  # type: ignore[attr-defined]  # NOTE: keeps the database alive
+    return tables, info
 
 
 def load_jsonl(paths: Sequence[str | Path] | str | Path) -> pa.Table:
     """Read JSON Lines traces (our vocabulary) as one events table in the loader's schema.
 
     Handy for fixtures and small imported traces; large traces go through ``kvclaims import``
-    and ``reconstruct_paths``.
+    and ``kvclaims.open``.
     """
     from reconstruct import loader
     from reconstruct.jsonl import read_jsonl

@@ -1,27 +1,39 @@
-"""CLI subcommands for moving traces in and out: ``import``, ``export`` and ``query``.
+"""CLI subcommands for moving traces in and out and asking the audit questions.
 
     kvclaims import FILE.jsonl --out RUN_DIR [--from kvclaims|arbiter-jsonl]
-    kvclaims export RUN_DIR --format jsonl [--out FILE|-]
-    kvclaims query RUN_DIR... --sql "SELECT ..." [--json]
+    kvclaims export RUN_DIR... --format jsonl|parquet [--out FILE|-]
+    kvclaims sql "SELECT ..." RUN_DIR... [--format table|csv|json|parquet] [--out FILE]
+    kvclaims query NAME RUN_DIR... [--format ...] [--out FILE]      (query --list: every name)
+    kvclaims explain RUN_DIR... --tenant T [--claim C] [--request R] [--format text|md|html|json]
+
+``sql``, ``query`` and ``explain`` open the runs through the one audit facade
+(``kvclaims.open``): read-only, locked-down SQL (docs/sql.md, docs/explain.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import math
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from recorder.schema import InputError
 
 IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl", "vllm-kv-events")
+RESULT_FORMATS = ("table", "csv", "json", "parquet")
+EXPLAIN_FORMATS = ("text", "md", "html", "json")
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``import``, ``export`` and ``query`` subcommands to the CLI."""
+    """Add ``import``, ``export``, ``sql``, ``query`` and ``explain`` to the CLI."""
     p = subparsers.add_parser(
         "import", help="turn a JSON Lines trace into a run directory",
         description="Validate a JSON Lines trace and write it as a run directory (several "
@@ -33,28 +45,139 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_import)
 
     p = subparsers.add_parser(
-        "export", help="write run directories as JSON Lines",
-        description="Write run(s) as canonical JSON Lines (schema column order, nulls omitted).")
+        "export", help="write run directories' events as JSON Lines or Parquet",
+        description="Write run(s) as canonical JSON Lines (schema column order, nulls omitted) "
+                    "or as one Parquet file of events (--out required).")
     p.add_argument("run_dir", nargs="+", help="run or sweep directories")
-    p.add_argument("--format", choices=("jsonl",), required=True, help="output encoding")
-    p.add_argument("--out", default="-", help="output file, or '-' for stdout (default)")
+    p.add_argument("--format", choices=("jsonl", "parquet"), required=True,
+                   help="output encoding")
+    p.add_argument("--out", default="-", help="output file, or '-' for stdout (jsonl only)")
     p.set_defaults(func=cmd_export)
 
     p = subparsers.add_parser(
-        "query", help="run SQL over run directories (DuckDB; the view is 'events')",
-        description="Run one SQL statement over the events of the given runs. Views: events "
-                    "(one row per event, strings decoded), manifests (one row per run).")
-    p.add_argument("run_dir", nargs="+", help="run or sweep directories")
-    p.add_argument("--sql", required=True, help='e.g. "SELECT event, count(*) FROM events '
-                                                'GROUP BY event"')
-    p.add_argument("--json", action="store_true", help="print rows as a JSON array of objects")
+        "sql", help="one read-only SQL SELECT over the audit (events, tables, views)",
+        description="Run one read-only SELECT over the events, the reconstructed tables and "
+                    "every documented view of the given runs (reconstructed on demand). "
+                    "Names: 'kvclaims query --list'. Reference: docs/sql.md.")
+    p.add_argument("sql", metavar="SQL", help='e.g. "SELECT label, count(*) FROM losses '
+                                              'GROUP BY label"')
+    p.add_argument("paths", nargs="+", metavar="RUN_DIR",
+                   help="run directories, sweep directories, globs or .jsonl traces")
+    _result_options(p)
+    p.set_defaults(func=cmd_sql)
+
+    p = subparsers.add_parser(
+        "query", help="show one table or documented view by name (--list: every name)",
+        description="Show one reconstructed table or documented view (queries/*.sql) of the "
+                    "given runs. 'kvclaims query --list' prints every name with its "
+                    "description. '--sql \"SELECT ...\"' runs one SELECT instead (same as "
+                    "'kvclaims sql'). Reference: docs/sql.md.")
+    p.add_argument("args", nargs="*", metavar="NAME RUN_DIR",
+                   help="the table or view name, then run directories (with --sql: only "
+                        "run directories)")
+    p.add_argument("--list", action="store_true", help="list every table and view")
+    p.add_argument("--sql", default=None, help="one SELECT to run instead of a name")
+    _result_options(p)
     p.set_defaults(func=cmd_query)
 
+    p = subparsers.add_parser(
+        "explain", help="a tenant's post-incident explanation (text, Markdown, HTML, JSON)",
+        description="Explain to one tenant what happened to each of its claims and to each of "
+                    "its refused, deferred or preempted requests: what was promised, the "
+                    "timeline in UTC, why in capacity terms, the value lost and what would "
+                    "have prevented it. Other tenants appear only as 'another tenant'. "
+                    "Reference: docs/explain.md.")
+    p.add_argument("paths", nargs="+", metavar="RUN_DIR",
+                   help="run directories, sweep directories, globs or .jsonl traces")
+    p.add_argument("--tenant", required=True, help="the tenant to explain to")
+    p.add_argument("--claim", default=None, help="only this claim of the tenant")
+    p.add_argument("--request", default=None, help="only this request of the tenant")
+    p.add_argument("--format", choices=EXPLAIN_FORMATS, default="text",
+                   help="text (default), md, html (one self-contained file) or json")
+    p.add_argument("--out", default=None, metavar="FILE", help="write here instead of stdout")
+    audit_options(p)
+    p.set_defaults(func=cmd_explain)
 
-def _warn(messages: Sequence[str]) -> None:
+
+def audit_options(p: argparse.ArgumentParser) -> None:
+    """``--memory-limit``, ``--temp-dir``, ``--quiet``: every command that opens an audit."""
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="DuckDB memory limit, e.g. 2GB (spills to --temp-dir beyond it)")
+    p.add_argument("--temp-dir", default=None, metavar="DIR", help="DuckDB spill directory")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (it is shown only on a terminal anyway)")
+
+
+def _result_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=RESULT_FORMATS, default=None,
+                   help="table (default: aligned text), csv, json (an array of row objects) "
+                        "or parquet (needs --out)")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--out", default=None, metavar="FILE", help="write here instead of stdout")
+    audit_options(p)
+
+
+def _warn(messages: Sequence[str], command: str = "kvclaims") -> None:
     for msg in messages:
-        print(f"warning: {msg}", file=sys.stderr)
+        print(f"{command}: warning: {msg}", file=sys.stderr)
 
+
+# -- progress -------------------------------------------------------------------------------------
+
+# Reconstruction steps as a user sees them: read, label (stages 01-04), tables (05-...),
+# then the views.
+_PHASES = {"read": "read", "reused reconstructed/": "tables (reused reconstructed/)",
+           "views": "views"}
+
+
+def _phase(step: str) -> str:
+    if step in _PHASES:
+        return _PHASES[step]
+    if step[:2].isdigit():
+        return "label" if int(step[:2]) <= 4 else "tables"
+    return step
+
+
+def progress_reporter(command: str, quiet: bool = False,
+                      stream: IO[str] | None = None) -> Callable[[str], None] | None:
+    """A progress callback for ``kvclaims.open`` that prints each finished phase (read,
+    label, tables, views) with the elapsed time on stderr, or None when ``quiet`` or stderr
+    is not a terminal (piped output stays clean)."""
+    out = sys.stderr if stream is None else stream
+    if quiet or not (hasattr(out, "isatty") and out.isatty()):
+        return None
+    start = time.monotonic()
+    done: list[str] = []
+
+    def report(step: str) -> None:
+        phase = _phase(step)
+        if done and done[-1] == phase:
+            return
+        if done:
+            print(f"{command}: {done[-1]} done ({time.monotonic() - start:.1f} s)", file=out)
+        done.append(phase)
+        if phase == "views":
+            print(f"{command}: ready ({time.monotonic() - start:.1f} s)", file=out)
+        out.flush()
+
+    return report
+
+
+def open_audit(args: argparse.Namespace, paths: Sequence[str], command: str, **kw: Any) -> Any:
+    """Open the audit for a command, with its options and progress; warn about truncations."""
+    import kvclaims
+
+    if not paths:
+        raise InputError("give at least one RUN_DIR")
+    audit = kvclaims.open(list(paths), memory_limit=args.memory_limit,
+                          temp_directory=args.temp_dir,
+                          progress=progress_reporter(f"kvclaims {command}",
+                                                     getattr(args, "quiet", False)), **kw)
+    _warn(audit.truncations, f"kvclaims {command}")
+    return audit
+
+
+# -- import / export ------------------------------------------------------------------------------
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``kvclaims import``: validate and write run directories."""
@@ -91,73 +214,252 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``kvclaims export``: run dirs -> canonical JSON Lines."""
-    from reconstruct import jsonl
-
+    """``kvclaims export``: run dirs -> canonical JSON Lines, or one Parquet file of events."""
     truncations: list[str] = []
-    count = jsonl.export_jsonl(args.run_dir, args.out, truncations=truncations)
-    _warn(truncations)
+    if args.format == "parquet":
+        if args.out in (None, "-"):
+            raise InputError("--format parquet needs --out FILE (Parquet is binary)")
+        count = export_parquet(args.run_dir, args.out, truncations=truncations)
+    else:
+        from reconstruct import jsonl
+
+        count = jsonl.export_jsonl(args.run_dir, args.out, truncations=truncations)
+    _warn(truncations, "kvclaims export")
     if args.out != "-":
         print(f"exported {count} events -> {args.out}", file=sys.stderr)
     return 0
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    """``kvclaims query``: one SQL statement over the loaded runs."""
-    import duckdb
+def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
+                   truncations: list[str] | None = None) -> int:
+    """Write every event of the runs (decoded, by run_id then seq) to one Parquet file,
+    streaming; returns the number of events."""
+    import pyarrow.parquet as pq
 
-    from reconstruct.loader import load_runs
+    from reconstruct.loader import EVENTS_SCHEMA, iter_batches
 
-    trace = load_runs(args.run_dir)
-    _warn(trace.truncations)
-    con = trace.connect()
+    count = 0
     try:
-        cur = con.execute(args.sql)
-        names = [d[0] for d in cur.description] if cur.description else []
-        rows = cur.fetchall() if names else []
-    except duckdb.Error as exc:
-        raise InputError(f"SQL error: {exc}") from None
-    out = sys.stdout
-    if args.json:
-        out.write(format_json(names, rows))
-    else:
-        out.write(format_table(names, rows))
+        with pq.ParquetWriter(str(out), EVENTS_SCHEMA, compression="zstd") as writer:
+            for batch in iter_batches(list(paths), truncations=truncations):
+                writer.write_batch(batch)
+                count += batch.num_rows
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write: {exc}") from None
+    return count
+
+
+# -- sql / query ----------------------------------------------------------------------------------
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    """``kvclaims sql``: one read-only SELECT over the audit."""
+    from kvclaims.audit import check_read_only
+
+    check_read_only(args.sql)  # NOTE: refuse before the (slow) reconstruction
+    with open_audit(args, args.paths, "sql") as audit:
+        emit(audit.sql(args.sql), args, title="result")
     return 0
 
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """``kvclaims query``: a table or view by name, ``--list``, or ``--sql``."""
+    if args.list:
+        return list_names(args)
+    if args.sql is not None:
+        from kvclaims.audit import check_read_only
+
+        check_read_only(args.sql)
+        with open_audit(args, args.args, "query") as audit:
+            emit(audit.sql(args.sql), args, title="result")
+        return 0
+    if len(args.args) < 2:
+        raise InputError("usage: kvclaims query NAME RUN_DIR... (names: kvclaims query --list)")
+    name, paths = args.args[0], args.args[1:]
+    import queries
+
+    if name not in queries.VIEWS and name not in queries.TABLES:
+        raise InputError(f"unknown table or view {name!r}; see 'kvclaims query --list'")
+    with open_audit(args, paths, "query") as audit:
+        rel = audit.relation(name)
+        if name in audit.tables:
+            rel = rel.order("ALL")  # NOTE: views carry their own ORDER BY
+        emit(rel, args, title=name)
+    return 0
+
+
+def list_names(args: argparse.Namespace) -> int:
+    """``kvclaims query --list``: every view (description from its SQL comment), then every
+    table."""
+    import queries
+
+    rows = [("view", v, queries.description(v)) for v in sorted(queries.VIEWS)]
+    rows += [("table", t, d) for t, d in sorted(queries.TABLES.items())]
+    if _format(args) == "json":
+        _write(args.out, json.dumps([{"kind": k, "name": n, "description": d}
+                                     for k, n, d in rows], indent=2) + "\n")
+        return 0
+    width = max(len(n) for _, n, _ in rows)
+    lines = [f"{len(queries.VIEWS)} views and {len(queries.TABLES)} tables "
+             "(kvclaims query NAME RUN_DIR...)"]
+    lines += [f"{k:<5}  {n:<{width}}  {d}" for k, n, d in rows]
+    _write(args.out, "\n".join(lines) + "\n")
+    return 0
+
+
+def _format(args: argparse.Namespace) -> str:
+    if getattr(args, "json", False):
+        if args.format not in (None, "json"):
+            raise InputError("--json and --format disagree; give one")
+        return "json"
+    return args.format or "table"
+
+
+def emit(rel: Any, args: argparse.Namespace, *, title: str) -> None:
+    """Print or write a relation in the chosen format."""
+    import duckdb
+
+    from kvclaims.audit import _sql_error
+
+    fmt = _format(args)
+    try:
+        if fmt == "parquet":
+            if not args.out:
+                raise InputError("--format parquet needs --out FILE (Parquet is binary)")
+            n = write_parquet(rel, args.out)
+            print(f"wrote {n} rows -> {args.out}", file=sys.stderr)
+            return
+        names = list(rel.columns)
+        rows = rel.fetchall()
+    except duckdb.Error as exc:
+        raise _sql_error(exc) from None
+    if fmt == "json":
+        text = format_json(names, rows)
+    elif fmt == "csv":
+        text = format_csv(names, rows)
+    else:
+        text = format_table(names, rows, title=title, drop_null_columns=True)
+    _write(args.out, text)
+
+
+def _write(out: str | None, text: str) -> None:
+    if out in (None, "-"):
+        sys.stdout.write(text)
+        return
+    try:
+        Path(out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write: {exc.strerror}") from None
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def write_parquet(rel: Any, out: str | Path) -> int:
+    """Stream a relation into one Parquet file; returns the row count."""
+    import pyarrow.parquet as pq
+
+    reader = rel.to_arrow_reader(batch_size=1 << 16)
+    n = 0
+    try:
+        with pq.ParquetWriter(str(out), reader.schema, compression="zstd") as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                n += batch.num_rows
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    return n
+
+
+# -- explain --------------------------------------------------------------------------------------
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """``kvclaims explain``: one tenant's post-incident explanation."""
+    from kvclaims.explaining import explain
+
+    with open_audit(args, args.paths, "explain") as audit:
+        text = explain(audit, args.tenant, claim=args.claim,
+                       request=args.request).render(args.format)
+    _write(args.out, text)
+    return 0
+
+
+# -- formatting -----------------------------------------------------------------------------------
 
 def _cell(value: Any) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, list):
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
     return str(value)
 
 
-def format_table(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Aligned text table: header, rule, every row (nothing elided), then a row count."""
+def format_table(names: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str = "result",
+                 drop_null_columns: bool = False) -> str:
+    """Aligned text: a one-line summary, header, rule, every row (nothing elided).
+
+    With ``drop_null_columns`` a column that is NULL in every row is left out (the summary
+    names them): a raw ``SELECT *`` over events is mostly nulls.
+    """
     if not names:
-        return "(no result)\n"
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
-    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+        return f"{title}: no result\n"
+    keep = list(range(len(names)))
+    dropped: list[str] = []
+    if drop_null_columns and rows:
+        keep = [i for i in keep if any(r[i] is not None for r in rows)]
+        dropped = [names[i] for i in range(len(names)) if i not in keep]
+    shown = [names[i] for i in keep]
+    cells = [[_cell(r[i]) for i in keep] for r in rows]
+    numeric = [bool(rows) and all(isinstance(r[i], (int, float, Decimal)) and
+                                  not isinstance(r[i], bool) for r in rows if r[i] is not None)
+               and any(r[i] is not None for r in rows) for i in keep]
+    widths = [max([len(n)] + [len(r[j]) for r in cells]) for j, n in enumerate(shown)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w)
+                         for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    summary = f"{title}: {len(rows)} row{'s' if len(rows) != 1 else ''}, {len(names)} columns"
+    if dropped:
+        summary += f" ({len(dropped)} all-NULL hidden: {', '.join(dropped)})"
+    lines = [summary, line(shown), "  ".join("-" * w for w in widths)]
+    lines += [line(r) for r in cells]
     return "\n".join(lines) + "\n"
 
 
 def _jsonable(value: Any) -> Any:
-    """JSON has no NaN/Infinity: such floats become their string form ("nan", "inf")."""
+    """JSON has no NaN/Infinity, dates or decimals: such values become strings ("nan", ISO
+    8601 time); lists and structs recurse."""
     if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
     return value
 
 
 def format_json(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A JSON array of row objects, one row per line (exact integers, uint64 included)."""
+    """A JSON array of row objects, one row per line (exact integers, uint64 included); ``[]``
+    when there are no rows."""
     body = ",\n".join(json.dumps({n: _jsonable(v) for n, v in zip(names, row)},
                                  ensure_ascii=False, default=str, allow_nan=False)
                       for row in rows)
     return f"[\n{body}\n]\n" if rows else "[]\n"
+
+
+def format_csv(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """RFC 4180 CSV with a header; NULL is an empty field, booleans true/false, lists JSON."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(names)
+    for r in rows:
+        w.writerow(["" if v is None else json.dumps(_jsonable(v)) if isinstance(v, (list, dict))
+                    else ("true" if v else "false") if isinstance(v, bool)
+                    else _jsonable(v) for v in r])
+    return buf.getvalue()

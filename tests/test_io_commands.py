@@ -66,10 +66,10 @@ def test_query_group_by_event(run_dir: Path, capsys: pytest.CaptureFixture[str])
     assert main(["query", str(run_dir), "--sql",
                  "SELECT event, count(*) AS n FROM events GROUP BY event ORDER BY event"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["event", "n"]
-    assert [line.split() for line in out[2:5]] == [
+    assert out[0] == "result: 3 rows, 2 columns"   # the one-line summary comes first
+    assert out[1].split() == ["event", "n"]
+    assert [line.split() for line in out[3:6]] == [
         ["block_cached", "2"], ["block_evicted", "1"], ["run_started", "1"]]
-    assert out[-1] == "(3 rows)"
 
 
 def test_query_json_keeps_uint64(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

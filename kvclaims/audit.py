@@ -1,0 +1,531 @@
+"""The one audit facade: paths in, a locked-down DuckDB audit out.
+
+    import kvclaims
+    audit = kvclaims.open(["traces/multi_tenant"])           # run dirs, sweeps, globs, .jsonl
+    audit.sql("SELECT label, count(*) FROM losses GROUP BY label").pl()
+    audit.table("claims").df()
+    audit.view("claim_outcomes").pl()
+
+Every consumer (the CLI, ``record``/``sweep`` rows, the dashboard, the Python API) goes through
+``open``: the events are streamed batch by batch into a temporary on-disk DuckDB database
+(bounded memory: DuckDB spills beyond ``memory_limit``), reconstructed (or the up-to-date
+``RUN_DIR/reconstructed/*.parquet`` are reused), every reconstructed table that has ``ts_ns``
+gains ``ts`` (UTC, from the manifest's wall-clock anchor; NULL when the run has no clock), the
+documented views (``queries/*.sql``) are created, and then the connection is locked down:
+external access disabled, configuration locked. User SQL is one read-only SELECT
+(``check_read_only``). The reference is docs/sql.md.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import shutil
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from importlib import resources
+from itertools import chain
+from pathlib import Path
+from typing import Any, Final
+
+from recorder.schema import InputError
+
+#: Tables the reconstruction builds that the audit shows (besides ``events`` and
+#: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
+RECONSTRUCTED: Final[tuple[str, ...]] = (
+    "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
+#: Where ``kvclaims reconstruct`` writes a run's tables, and the stamp that says what from.
+RECONSTRUCTED_DIR: Final[str] = "reconstructed"
+STAMP_NAME: Final[str] = "_kvclaims_stamp.json"
+_RAW: Final[str] = "kv_raw_"   # a table's own name once its ts-bearing view takes its name
+
+
+class SQLRefused(InputError):
+    """User SQL that the read-only audit refuses (one clear line)."""
+
+
+# -- read-only SQL ------------------------------------------------------------------------------
+
+def check_read_only(sql: str) -> str:
+    """Return ``sql`` if it is exactly one SELECT statement; else raise ``SQLRefused``.
+
+    NOTE: this is the first of two locks: the connection itself has external access disabled
+    and its configuration locked, so even a SELECT cannot read or write files.
+    """
+    import duckdb
+
+    if not isinstance(sql, str) or not sql.strip():
+        raise SQLRefused("refused: no SQL statement given")
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise InputError(f"SQL error: {_first_line(exc)}") from None
+    if len(statements) != 1:
+        raise SQLRefused(f"refused: {len(statements)} statements; give exactly one read-only "
+                         "SELECT")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        name = getattr(kind, "name", str(kind))
+        raise SQLRefused(f"refused: {name} statements are not allowed; the audit is read-only "
+                         "(one SELECT over its tables and views)")
+    return sql
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _sql_error(exc: BaseException) -> InputError:
+    """A DuckDB error as one line; file access is a refusal, not a bug."""
+    import duckdb
+
+    if isinstance(exc, duckdb.PermissionException):
+        return SQLRefused("refused: the audit cannot read or write files, attach databases or "
+                          "load extensions; query its tables and views")
+    return InputError(f"SQL error: {_first_line(exc)}")
+
+
+def lock_down(con: Any) -> None:
+    """No file access, no extensions, no replacement scans of Python variables, and no later
+    change to any of that (``lock_configuration``)."""
+    for setting in ("python_enable_replacements", "autoinstall_known_extensions",
+                    "autoload_known_extensions", "enable_external_access"):
+        con.execute(f"SET {setting} = false")
+    con.execute("SET lock_configuration = true")
+
+
+# -- the wall-clock anchor ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Clock:
+    """A run's wall-clock anchor: ``utc`` is the moment the monotonic clock read ``ts_ns``."""
+
+    utc: datetime
+    ts_ns: int
+    host: str | None = None
+
+
+def clock_anchor(manifest: dict[str, Any]) -> Clock | None:
+    """The manifest's wall-clock anchor, or None ("no clock": imports, older traces).
+
+    Reads the recorder's ``manifest["clock"] = {"utc": ISO-8601, "utc_ns": int,
+    "monotonic_ns": int, "host": str}`` (``utc_ns`` wins over ``utc`` when both are there;
+    also accepted: ``ts_ns``/``start_ts_ns``/``anchor_ts_ns`` for the monotonic reading).
+    """
+    c = manifest.get("clock")
+    if not isinstance(c, dict):
+        return None
+    ts = _first(c, ("monotonic_ns", "ts_ns", "start_ts_ns", "anchor_ts_ns"))
+    if not isinstance(ts, int) or isinstance(ts, bool):
+        return None
+    when: datetime | None = None
+    utc_ns = c.get("utc_ns")
+    if isinstance(utc_ns, int) and not isinstance(utc_ns, bool):
+        try:
+            when = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
+                microseconds=utc_ns // 1000)
+        except (OverflowError, OSError, ValueError):
+            when = None
+    if when is None and isinstance(c.get("utc"), str):
+        try:
+            when = datetime.fromisoformat(c["utc"].replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+    if when is None:
+        return None
+    host = _first(c, ("host", "hostname"))
+    return Clock(when.astimezone(timezone.utc), ts, host if isinstance(host, str) else None)
+
+
+def _first(d: dict[str, Any], keys: Sequence[str]) -> Any:
+    for k in keys:
+        if k in d:
+            return d[k]
+    return None
+
+
+def _clock_table(manifests: dict[str, dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    rows = []
+    for rid, m in sorted(manifests.items()):
+        c = clock_anchor(m)
+        rows.append({"run_id": rid,
+                     "utc": None if c is None else c.utc.replace(tzinfo=None),
+                     "ts_ns": None if c is None else c.ts_ns,
+                     "host": None if c is None else c.host})
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("run_id", pa.string()), ("utc", pa.timestamp("us")), ("ts_ns", pa.int64()),
+        ("host", pa.string())]))
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+def expand_paths(paths: Sequence[str | Path] | str | Path) -> list[Path]:
+    """Paths as given, globs expanded (sorted); a glob that matches nothing is an error."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in paths:
+        text = str(p)
+        if not Path(text).exists() and glob.has_magic(text):
+            hits = sorted(glob.glob(text))
+            if not hits:
+                raise InputError(f"{text}: no file or directory matches")
+            out += [Path(h) for h in hits]
+        else:
+            if not Path(text).exists():
+                raise InputError(f"{text}: no such file or directory")
+            out.append(Path(text))
+    if not out:
+        raise InputError("no run directories given")
+    return out
+
+
+def _code_version() -> str:
+    """A hash of everything that decides the reconstructed tables (stage SQL, the Python
+    that drives it, the vocabulary): a stamp written by other code is never trusted."""
+    h = hashlib.sha256()
+    for package, pattern in (("reconstruct", "*.py"), ("reconstruct", "sql/*.sql")):
+        root = Path(str(resources.files(package)))
+        for f in sorted(root.glob(pattern)):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for module in ("schema.py", "policies.py"):
+        h.update(Path(str(resources.files("recorder"))).joinpath(module).read_bytes())
+    return h.hexdigest()
+
+
+def _fingerprint(run: Any) -> dict[str, Any]:
+    """What a run directory holds now (manifest bytes, each segment's size and mtime)."""
+    from recorder.trace_writer import MANIFEST_NAME
+
+    manifest = (run.path / MANIFEST_NAME).read_bytes()
+    return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+            "segments": [[s.name, s.stat().st_size, s.stat().st_mtime_ns]
+                         for s in run.segments]}
+
+
+def _fresh_tables(runs: Sequence[Any], code: str) -> list[str] | None:
+    """The table names every run's ``reconstructed/`` holds for exactly its current inputs and
+    this code, or None when any run must be reconstructed."""
+    names: list[str] | None = None
+    for run in runs:
+        stamp_path = run.path / RECONSTRUCTED_DIR / STAMP_NAME
+        try:
+            stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(stamp, dict) or stamp.get("code") != code
+                or stamp.get("inputs") != _fingerprint(run) or stamp.get("run_id") != run.run_id):
+            return None
+        tables = stamp.get("tables")
+        if not isinstance(tables, list) or (names is not None and tables != names):
+            return None
+        if not all(isinstance(t, str) and t.isidentifier()
+                   and (run.path / RECONSTRUCTED_DIR / f"{t}.parquet").is_file() for t in tables):
+            return None
+        names = tables
+    return names
+
+
+# -- the audit ----------------------------------------------------------------------------------
+
+@dataclass
+class Audit:
+    """An opened audit: the events, the reconstructed tables and the documented views in one
+    read-only DuckDB connection. Close it (or use ``with``) to remove its temporary database
+    now; otherwise it goes when the connection and every relation from it are gone.
+    """
+
+    con: Any
+    runs: list[str]
+    manifests: dict[str, dict[str, Any]]
+    run_dirs: dict[str, Path] = field(default_factory=dict)
+    truncations: list[str] = field(default_factory=list)
+    truncated_runs: set[str] = field(default_factory=set)
+    tables: list[str] = field(default_factory=list)
+    views: list[str] = field(default_factory=list)
+    reused: bool = False
+    locked: bool = False
+    # NOTE: removes the temporary database once the connection is gone: relations keep the
+    # connection alive, so kvclaims.open(p).sql(...).pl() works on a dropped Audit
+    _cleanup: Any = field(default=None, repr=False)
+
+    # -- relations ---------------------------------------------------------------------------
+
+    def sql(self, text: str) -> Any:
+        """One read-only SELECT over the audit, as a DuckDB relation (``.pl()``, ``.df()``,
+        ``.fetchall()``). Anything else raises ``SQLRefused``; a bad query ``InputError``."""
+        import duckdb
+
+        check_read_only(text)
+        try:
+            return self.con.sql(text)
+        except duckdb.Error as exc:
+            raise _sql_error(exc) from None
+
+    def table(self, name: str) -> Any:
+        """A table (``events``, ``manifests``, a reconstructed table) as a DuckDB relation."""
+        if name not in self.tables:
+            raise InputError(f"unknown table {name!r}; tables: {', '.join(self.tables)}")
+        return self.con.table(name)
+
+    def view(self, name: str) -> Any:
+        """A documented view (``queries/*.sql``) as a DuckDB relation."""
+        if name not in self.views:
+            raise InputError(f"unknown view {name!r}; views: {', '.join(self.views)}")
+        return self.con.view(name) if hasattr(self.con, "view") else self.con.table(name)
+
+    def relation(self, name: str) -> Any:
+        """A table or a view by name."""
+        if name in self.views:
+            return self.view(name)
+        if name in self.tables:
+            return self.table(name)
+        raise InputError(f"unknown table or view {name!r}; see 'kvclaims query --list'")
+
+    def has_column(self, name: str, column: str) -> bool:
+        """Whether table or view ``name`` has ``column`` (the schema is being extended)."""
+        return column in self.relation(name).columns
+
+    @property
+    def clocks(self) -> dict[str, Clock | None]:
+        """Each run's wall-clock anchor (None: the run has no clock, ``ts`` is NULL)."""
+        return {rid: clock_anchor(self.manifests.get(rid, {})) for rid in self.runs}
+
+    # -- output ------------------------------------------------------------------------------
+
+    def write(self, out_dir: str | Path, run_id: str | None = None) -> list[Path]:
+        """Write the reconstructed tables as ``OUT_DIR/<table>.parquet`` (``run_id``'s rows
+        only if given), without the derived ``ts`` column."""
+        from reconstruct.core import write_tables
+
+        names = self._reconstructed()
+        raw = write_tables(self.con, [_RAW + n if self._wrapped(n) else n for n in names],
+                           out_dir, run_id=run_id)
+        out = []
+        for name, path in zip(names, raw):
+            final = path.with_name(f"{name}.parquet")
+            if final != path:
+                path.replace(final)
+            out.append(final)
+        return out
+
+    def write_reconstructed(self) -> dict[str, Path]:
+        """Write each run's tables to ``RUN_DIR/reconstructed/`` with the stamp that lets a
+        later ``open`` reuse them; returns where each run went."""
+        from reconstruct.loader import open_run
+
+        code = _code_version()
+        written = {}
+        for rid in self.runs:
+            run_dir = self.run_dirs.get(rid)
+            if run_dir is None:
+                continue
+            out = run_dir / RECONSTRUCTED_DIR
+            self.write(out, run_id=rid)
+            stamp = {"run_id": rid, "code": code, "inputs": _fingerprint(open_run(run_dir)),
+                     "tables": self._reconstructed()}
+            (out / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
+            written[rid] = out
+        return written
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per run: events, loss counts by label, claim, request outcomes, findings (needs
+        the reconstruction's run facts: an audit opened with ``reuse=False``)."""
+        rows = self.con.sql("""
+            SELECT r.run_id, r.policy, r.usable_blocks, r.n_events AS events, r.truncated,
+                   (SELECT count(*) FROM losses l WHERE l.run_id = r.run_id) AS losses,
+                   (SELECT map(list(label), list(n)) FROM (
+                        SELECT label, count(*) AS n FROM losses l WHERE l.run_id = r.run_id
+                        GROUP BY label ORDER BY label)) AS labels,
+                   (SELECT map(list(outcome), list(n)) FROM (
+                        SELECT outcome, count(*) AS n FROM claims c WHERE c.run_id = r.run_id
+                        GROUP BY outcome ORDER BY outcome)) AS claim_outcomes,
+                   (SELECT map(list(outcome), list(n)) FROM (
+                        SELECT outcome, count(*) AS n FROM requests q WHERE q.run_id = r.run_id
+                        GROUP BY outcome ORDER BY outcome)) AS request_outcomes,
+                   (SELECT map(list(severity), list(n)) FROM (
+                        SELECT severity, count(*) AS n FROM findings f
+                        WHERE f.run_id = r.run_id AND severity <> 'hole'
+                        GROUP BY severity ORDER BY severity)) AS findings,
+                   r.unknown_from_seq
+            FROM kv_runs r ORDER BY r.run_id""").fetchall()
+        cols = ["run_id", "policy", "usable_blocks", "events", "truncated", "losses", "labels",
+                "claim_outcomes", "request_outcomes", "findings", "unknown_from_seq"]
+        # NOTE: one shape: an empty count is {}, never null
+        maps = {"labels", "claim_outcomes", "request_outcomes", "findings"}
+        return [{c: (dict(v or {}) if c in maps else v) for c, v in zip(cols, row)}
+                for row in rows]
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection and remove the temporary database (relations from this audit
+        stop working)."""
+        self.con.close()
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def __enter__(self) -> Audit:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _wrapped(self, name: str) -> bool:
+        return bool(self.con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
+            [_RAW + name]).fetchall()[0][0])
+
+    def _reconstructed(self) -> list[str]:
+        return [t for t in self.tables if t not in ("events", "manifests")]
+
+
+def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | None = None,
+               progress: Callable[[str], None] | None = None,
+               temp_directory: str | Path | None = None, threads: int | None = None,
+               reuse: bool = True, lock: bool = True, views: bool = True) -> Audit:
+    """Open run directories, sweep directories, globs or JSON Lines traces as one ``Audit``.
+
+    Streams the events into a temporary on-disk DuckDB database (memory bounded by
+    ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it),
+    reconstructs them (or reuses every run's up-to-date ``reconstructed/*.parquet`` when
+    ``reuse``), adds ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views
+    and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
+    (no ``ts``, no views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each stage's
+    name, and ``views``. Bad input raises ``InputError`` (one line, naming the file).
+    """
+    import duckdb
+
+    from reconstruct import core, loader
+
+    given = expand_paths(paths)
+    jsonl = [p for p in given if p.is_file() and p.suffix == ".jsonl"]
+    dirs = [p for p in given if p not in jsonl]
+    runs = loader.open_runs(dirs) if dirs else []
+    info = core.StreamedInput({}, {}, [], set())
+    con, tmp = core.open_database(memory_limit=memory_limit, temp_directory=temp_directory,
+                                  threads=threads)
+    audit: Audit | None = None
+    try:
+        events = core.load_jsonl(jsonl) if jsonl else None
+        n = core.import_events(con, chain(
+            iter(events.to_batches() if events is not None else ()),
+            core.stream_runs(runs, info)), info)
+        if events is not None:
+            _check_unique_runs(events, info)
+            for rid in events.column("run_id").unique().to_pylist():
+                info.manifests.setdefault(rid, {"run_id": rid, "source": "jsonl"})
+        if progress is not None:
+            progress("read")
+        if n == 0 and not info.manifests:
+            raise InputError("no events to reconstruct")
+        fresh = _fresh_tables(runs, _code_version()) if reuse and runs and not jsonl else None
+        if fresh is not None:
+            for name in fresh:
+                files = [str(r.path / RECONSTRUCTED_DIR / f"{name}.parquet") for r in runs]
+                con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM read_parquet(?, "
+                            "union_by_name = true)", [files])
+            if progress is not None:
+                progress("reused reconstructed/")
+        else:
+            core.run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
+                            progress=progress, persist=False)
+        _register_manifests(con, info)
+        tables = _add_utc(con) if views else _shown(con)
+        import queries
+
+        view_names = queries.apply(con) if views else []
+        if progress is not None:
+            progress("views")
+        audit = Audit(con=con, runs=sorted(info.manifests), manifests=dict(info.manifests),
+                      run_dirs=dict(info.run_dirs), truncations=list(info.truncations),
+                      truncated_runs=set(info.truncated_runs), tables=tables, views=view_names,
+                      reused=fresh is not None,
+                      _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
+        if lock:
+            lock_down(con)
+            audit.locked = True
+        return audit
+    except duckdb.Error as exc:
+        if audit is None:
+            core.drop_database(con, tmp)
+        if info.error is not None:
+            raise info.error from None
+        raise InputError(f"cannot reconstruct: {_first_line(exc)}") from None
+    except BaseException:
+        if audit is None:
+            core.drop_database(con, tmp)
+        raise
+
+
+def _check_unique_runs(events: Any, info: Any) -> None:
+    for rid in events.column("run_id").unique().to_pylist():
+        if rid in info.run_dirs:
+            raise InputError(f"run_id {rid!r} is both in a .jsonl trace and in "
+                             f"{info.run_dirs[rid]}")
+
+
+def _register_manifests(con: Any, info: Any) -> None:
+    from reconstruct.loader import Trace
+
+    import pyarrow as pa
+
+    trace = Trace(events=pa.table({}), manifests=info.manifests, run_dirs=info.run_dirs,
+                  truncations=info.truncations, truncated_runs=info.truncated_runs)
+    con.register("kv_manifests_in", trace.manifests_table())
+    con.execute("CREATE OR REPLACE TEMP TABLE manifests AS SELECT * FROM kv_manifests_in")
+    con.unregister("kv_manifests_in")
+    con.register("kv_clock_in", _clock_table(info.manifests))
+    con.execute("CREATE OR REPLACE TEMP TABLE kv_clock AS SELECT * FROM kv_clock_in")
+    con.unregister("kv_clock_in")
+
+
+def _shown(con: Any) -> list[str]:
+    """The tables an audit shows: events, manifests, the reconstructed tables, then any other
+    non-internal table a stage made (``kv_*`` are the stages' own)."""
+    present = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
+    shown = ["events", "manifests"] + [t for t in RECONSTRUCTED if t in present]
+    return shown + sorted(t for t in present if t not in shown and not t.startswith("kv_"))
+
+
+def _add_utc(con: Any) -> list[str]:
+    """Give every shown table with ``ts_ns`` a ``ts`` column (UTC ``TIMESTAMP``; likewise
+    ``X_ts_ns`` -> ``X_ts``): the table becomes ``kv_raw_<name>`` and a view ``<name>`` adds
+    the columns. Returns the shown tables.
+
+    NOTE: ts = anchor utc + (ts_ns - anchor ts_ns); NULL when the run has no clock.
+    """
+    shown = _shown(con)
+    for name in shown:
+        cols = [r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [name]).fetchall()]
+        # ts_ns -> ts, first_harm_ts_ns -> first_harm_ts, ...
+        pairs = [(c, c[: -len("_ns")]) for c in cols
+                 if (c == "ts_ns" or c.endswith("_ts_ns")) and c[: -len("_ns")] not in cols]
+        if not pairs or "run_id" not in cols:
+            continue
+        added = ",\n".join(
+            f"CAST(c.utc + to_microseconds((t.{src} - c.ts_ns) // 1000) AS TIMESTAMP) AS {dst}"
+            for src, dst in pairs)
+        con.execute(f"ALTER TABLE {name} RENAME TO {_RAW}{name}")
+        con.execute(f"""
+            CREATE TEMP VIEW {name} AS
+            SELECT t.*, {added}
+            FROM {_RAW}{name} t LEFT JOIN kv_clock c ON c.run_id = t.run_id""")
+    return shown
+
+
+__all__ = ["Audit", "Clock", "SQLRefused", "check_read_only", "clock_anchor", "expand_paths",
+           "lock_down", "open_audit"]
+

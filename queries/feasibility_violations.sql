@@ -1,0 +1,39 @@
+-- feasibility_violations: admission decisions that break the capacity rule (protected +
+-- required <= usable).
+-- One row per offending decision: an admission that did not
+-- fit (something protected had to give), or a deferral/refusal that would have fit (a claim
+-- blocked a request it did not need to). Needs the reconstructed table `feasibility`.
+CREATE OR REPLACE VIEW feasibility_violations AS
+SELECT
+    -- the run
+    run_id,
+    -- seq of the decision
+    seq,
+    -- time (ns, the recorder's monotonic clock)
+    ts_ns,
+    -- time in UTC (NULL when the run has no wall-clock anchor)
+    ts,
+    -- the request decided on
+    request_id,
+    -- admitted | deferred | refused
+    decision,
+    -- infeasible_admission (admitted, did not fit) | needless_refusal (deferred or refused,
+    -- would have fit)
+    CASE WHEN decision = 'admitted' THEN 'infeasible_admission' ELSE 'needless_refusal' END
+        AS violation,
+    -- blocks protected by claims in force
+    protected_blocks,
+    -- blocks the request needed
+    blocks_required,
+    -- usable blocks in the pool
+    usable_blocks,
+    -- protected + required - usable
+    shortfall_blocks,
+    -- the run policy (run_started)
+    policy,
+    -- whether the policy enforces claims
+    enforcing
+FROM feasibility
+WHERE (decision = 'admitted' AND NOT feasible)
+   OR (decision IN ('deferred', 'refused') AND feasible)
+ORDER BY run_id, seq;

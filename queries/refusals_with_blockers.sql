@@ -1,0 +1,52 @@
+-- refusals_with_blockers: every deferral and refusal with each claim it named as blocking.
+-- One row per (admission decision, blocking claim); a decision that named no claim has one
+-- row with NULL claim columns. The blocking claim's instance is the latest one submitted at
+-- or before the decision. Needs `feasibility`, `requests` and `events`.
+CREATE OR REPLACE VIEW refusals_with_blockers AS
+WITH d AS (
+    SELECT f.*, unnest(CASE WHEN len(coalesce(f.blocking_claim_ids, [])) = 0 THEN [NULL]
+                            ELSE f.blocking_claim_ids END) AS blocking_claim_id
+    FROM feasibility f
+    WHERE f.decision IN ('deferred', 'refused')
+), subs AS (
+    SELECT run_id, claim_id, seq AS claim_seq, tenant, protection_mode
+    FROM events WHERE event = 'claim_submitted'
+)
+SELECT
+    -- the run
+    d.run_id,
+    -- seq of the decision
+    d.seq,
+    -- time (ns, the recorder's monotonic clock)
+    d.ts_ns,
+    -- time in UTC (NULL when the run has no wall-clock anchor)
+    d.ts,
+    -- deferred | refused
+    d.decision,
+    -- the request that was deferred or refused
+    d.request_id,
+    -- its tenant (NULL when the trace does not say)
+    q.tenant AS request_tenant,
+    -- blocks it needed
+    d.blocks_required,
+    -- blocks protected by claims in force at the decision
+    d.protected_blocks,
+    -- usable blocks in the pool
+    d.usable_blocks,
+    -- protected + required - usable (0 when it would have fit)
+    d.shortfall_blocks,
+    -- a claim the decision named as blocking (NULL: none named)
+    d.blocking_claim_id,
+    -- that claim's instance (seq of its claim_submitted)
+    s.claim_seq AS blocking_claim_seq,
+    -- that claim's tenant
+    s.tenant AS blocking_tenant,
+    -- that claim's declared protection mode
+    s.protection_mode AS blocking_protection_mode,
+    -- true when the blocking claim belongs to the request's own tenant
+    s.tenant IS NOT DISTINCT FROM q.tenant AND s.tenant IS NOT NULL AS own_claim
+FROM d
+LEFT JOIN requests q ON q.run_id = d.run_id AND q.request_id = d.request_id
+ASOF LEFT JOIN subs s
+  ON s.run_id = d.run_id AND s.claim_id = d.blocking_claim_id AND d.seq >= s.claim_seq
+ORDER BY d.run_id, d.seq, d.blocking_claim_id NULLS FIRST;
