@@ -17,12 +17,27 @@ from collections.abc import Sequence
 
 from recorder.schema import InputError
 
-_PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands")
+_PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands",
+          "dashboard.commands")
+
+
+def version() -> str:
+    """The installed package's version (pyproject), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvclaims")
+    except PackageNotFoundError:
+        from recorder.schema import RECORDER_VERSION
+
+        return RECORDER_VERSION
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser with every part's subcommands registered."""
     parser = argparse.ArgumentParser(prog="kvclaims", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvclaims {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _PARTS:
         try:
