@@ -15,7 +15,6 @@ escapes every markdown character), so a crafted trace cannot make the browser fe
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -38,13 +37,7 @@ ALL_RUNS = "all runs"
 _VERDICT_COLORS = {"fail": "background-color: #D55E00; color: white",
                    "unknown": "background-color: black; color: white",
                    "pass": "background-color: #cfe6f5", "not_exercised": "color: #888888"}
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
-
-
-def _md(text: object) -> str:
-    """Plain text made safe for Streamlit markdown: every markdown (and HTML) character
-    backslash-escaped, so ``![x](http://evil/x.png)`` or ``<img src=...>`` is shown as text."""
-    return _MD_SPECIAL.sub(r"\\\1", str(text))
+_md = data.md_text
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)

@@ -17,6 +17,7 @@ themselves (which reconstructs them)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,16 @@ class Audit:
 
 
 Source: TypeAlias = "Audit | Sequence[PathLike]"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
+
+
+def md_text(text: object) -> str:
+    """Plain text made safe for (Streamlit) markdown: every markdown and HTML character is
+    backslash-escaped, so ``![x](http://evil/x.png)`` or ``<img src=...>`` from a trace is
+    shown as those characters and never fetches anything."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
 
 
 # -- input ---------------------------------------------------------------------------------------
