@@ -34,6 +34,7 @@ PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"
          ("Capacity sweep", "sweep"), ("Tenants", "tenants"),
          ("Findings & conformance", "conformance"))
 ALL_RUNS = "all runs"
+TIMELINE_WIDTH = 640
 _VERDICT_COLORS = {"fail": "background-color: #D55E00; color: white",
                    "unknown": "background-color: black; color: white",
                    "pass": "background-color: #cfe6f5", "not_exercised": "color: #888888"}
@@ -146,8 +147,10 @@ def page_timeline(audit: data.Audit) -> None:
     cols[1].metric("peak protected", int(occ["protected"].max()) if len(occ) else 0)
     cols[2].metric("peak held", int(occ["held"].max()) if len(occ) else 0)
     cols[3].metric("losses", int(data.run_losses(audit, run_id)["blocks"].sum()))
-    st.altair_chart(report.run_timeline(audit, run_id, highlight=claim, width="container"),
-                    width="stretch")
+    # NOTE: a fixed plot width: the lanes' labels and the legends must fit beside it in the
+    # main column at 1400 px (vega's "container" width does not apply inside a vconcat).
+    st.altair_chart(report.run_timeline(audit, run_id, highlight=claim, width=TIMELINE_WIDTH),
+                    width="content")
     clock = ("UTC shown in the tables" if data.has_clock(audit, run_id)
              else "this run's manifest has no wall clock: seq only")
     st.caption("Pool: protected by claims (in force, pinning mode, enforcing policy) / held by "
@@ -158,7 +161,11 @@ def page_timeline(audit: data.Audit) -> None:
         st.markdown(f"**Who evicted {_md(claim)}'s blocks as harm, and why they were "
                     "admitted**")
         ev = data.harm_evictors(audit, run_id, claim)
-        st.dataframe(ev, hide_index=True, width="stretch")
+        for r in ev.itertuples(index=False):
+            who = "no tenant" if pd.isna(r.tenant) else r.tenant
+            st.markdown(f"- **{_md(r.request_id)}** ({_md(who)}) evicted {r.harm_blocks} of "
+                        f"its blocks from seq {r.first_seq}: {_md(r.why)}")
+        st.dataframe(ev.drop(columns="why"), hide_index=True, width="stretch")
         tenant = audit.tables["claims"].query("run_id == @run_id and claim_id == @claim")[
             "tenant"]
         if len(tenant) and not pd.isna(tenant.iloc[0]):
@@ -278,13 +285,20 @@ def page_conformance(audit: data.Audit) -> None:
     checks = [c for c in matrix.columns if c != "run_id"]
     st.dataframe(matrix.style.map(_verdict_style, subset=checks), hide_index=True,
                  width="stretch", height=_height(len(matrix), 30),
-                 column_config={c: st.column_config.TextColumn(
-                     c, help=data.CHECK_TITLES.get(c)) for c in checks})
+                 column_config={"run_id": st.column_config.TextColumn("run", width="medium"),
+                                **{c: st.column_config.TextColumn(
+                                    c.removeprefix("INV_"), width="small",
+                                    help=data.CHECK_TITLES.get(c)) for c in checks}})
     run_id = st.selectbox("Run", audit.run_ids, key="conformance_run")
     table = data.conformance(audit, run_id)[["check", "title", "verdict", "evidence_seqs",
                                              "detail"]]
     st.dataframe(table.style.map(_verdict_style, subset=["verdict"]), hide_index=True,
-                 width="stretch", height=_height(len(table)))
+                 width="stretch", height=_height(len(table)),
+                 column_config={"check": st.column_config.TextColumn(width="small"),
+                                "title": st.column_config.TextColumn(width="medium"),
+                                "verdict": st.column_config.TextColumn(width="small"),
+                                "evidence_seqs": st.column_config.TextColumn(width="small"),
+                                "detail": st.column_config.TextColumn(width="large")})
     _source("conformance")
 
 

@@ -121,10 +121,9 @@ def lanes_chart(lanes: pd.DataFrame, marks: pd.DataFrame | None, title: str,
             x="seq:Q", y=alt.Y("lane:N", sort=order),
             color=alt.Color("label:N", scale=_LABEL_SCALE, legend=None),
             tooltip=["lane:N", "seq:Q", "label:N", "blocks:Q"]))
-    chart = alt.layer(*layers)
-    if len(layers) > 2:  # the loss ticks have their own (label) colours
-        chart = chart.resolve_scale(color="independent")
-    return chart.properties(width=width, height=max(60, 22 * len(order)), title=title)
+    # the loss ticks have their own (label) colours; the end marks share the spans' legend
+    return alt.layer(*layers).resolve_scale(color="independent").properties(
+        width=width, height=max(60, 22 * len(order)), title=title)
 
 
 def timeline_chart(occ_long: pd.DataFrame, usable: int | None, losses: pd.DataFrame,

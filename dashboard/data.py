@@ -802,7 +802,10 @@ def tenant_explanations(source: Source, tenant: str | None = None) -> pd.DataFra
 def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:
     """Every claim of one tenant from ``claim_outcomes`` (with or without an incident)."""
     df = claim_outcomes(source)
-    return df[df["tenant"] == tenant].reset_index(drop=True)
+    df = df[df["tenant"] == tenant].drop(columns="tenant")
+    df = df.iloc[sorted(range(len(df)), key=lambda i: natural_key(df["run_id"].iloc[i]))]
+    first = ["run_id", "claim_id", "outcome", "blocks_lost_harm", "value_lost"]
+    return df[first + [c for c in df.columns if c not in first]].reset_index(drop=True)
 
 
 # -- Findings & conformance ----------------------------------------------------------------------

@@ -491,8 +491,10 @@ def test_app_timeline_shows_who_evicted_the_harmed_claim(monkeypatch: pytest.Mon
     at = _page(_app(monkeypatch, SWEEP), "Timeline")
     assert at.selectbox(key="timeline_run").value == NATIVE_80  # the most harm first
     assert at.selectbox(key="timeline_claim").value == "claim:resident"
-    (evictors,) = [d.value for d in at.dataframe if "why" in d.value.columns]
+    (evictors,) = [d.value for d in at.dataframe if "harm_blocks" in d.value.columns]
     assert evictors["harm_blocks"].tolist() == [50]
+    (why,) = [m.value for m in at.markdown if "evicted 50 of its blocks" in m.value]
+    assert "policy native does not enforce claims" in why
     at.button(key="to_tenant").click().run()
     assert at.sidebar.radio(key="page").value == "Tenants"
     assert at.selectbox(key="tenant").value == "tenant-resident"
@@ -669,13 +671,25 @@ _PAGE_TEXT = {
 }
 
 
+_HEIGHT_JS = """
+const m = document.querySelector('[data-testid="stMainBlockContainer"]');
+return Math.max(m ? m.scrollHeight + m.getBoundingClientRect().top : 0,
+                document.body.scrollHeight);
+"""
+
+
 def _shot(driver, path: Path) -> None:
-    """A screenshot of the whole page at 1400 px (the window grows to the page's height)."""
-    height = driver.execute_script(
-        "const m = document.querySelector('[data-testid=\"stMain\"]') || document.body;"
-        "return Math.max(m.scrollHeight, document.body.scrollHeight);")
-    driver.set_window_size(1400, min(max(int(height) + 120, 900), 4000))
-    time.sleep(1.0)  # let charts re-lay out at the new size
+    """A screenshot of the whole page at 1400 px: once Streamlit has finished drawing (no
+    running script, no skeletons), the window grows to the page's height."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 60, poll_frequency=0.25).until(lambda d: d.execute_script(
+        "return !Array.from(document.querySelectorAll('[data-testid=\"stStatusWidget\"], "
+        "[data-testid=\"stSkeleton\"]')).some(e => e.offsetParent !== null);"))
+    time.sleep(2.0)  # charts (vega) draw after the script has finished
+    height = driver.execute_script(_HEIGHT_JS)
+    driver.set_window_size(1400, min(max(int(height) + 80, 900), 5000))
+    time.sleep(2.0)  # let the page re-lay out at the new size
     driver.save_screenshot(str(path))
 
 
