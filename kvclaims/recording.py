@@ -87,6 +87,45 @@ def _quiet_vllm(verbose: bool = False) -> None:
 
 
 @contextmanager
+def _engine_noise_aside(verbose: bool) -> Iterator[Any]:
+    """Keep what vLLM, torch and Triton print on the process's stderr (C++ warnings, prints
+    that bypass logging) out of the operator's terminal: file descriptor 2 goes to a log file
+    while the engine runs, unless ``verbose``. Yields the stream progress is drawn on (the
+    real stderr). On failure the log is kept and named on stderr; on success it is removed.
+
+    NOTE: fd 2 is restored before this returns, so the CLI's own error line reaches the user.
+    """
+    import os
+    import tempfile
+
+    if verbose:
+        yield sys.stderr
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = tempfile.NamedTemporaryFile(prefix="kvclaims-vllm-", suffix=".log", delete=False)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1)
+    os.dup2(log.fileno(), 2)
+    failed = True
+    try:
+        yield terminal
+        failed = False
+    except InputError:  # bad input is one line: the engine's log has nothing to add
+        failed = False
+        raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        log.close()
+        terminal.close()
+        if failed:
+            print(f"kvclaims record: vLLM's own output is in {log.name}", file=sys.stderr)
+        else:
+            os.unlink(log.name)
+
+
+@contextmanager
 def _progress_of_driver(progress: Progress) -> Iterator[None]:
     """Report a scenario's progress (requests finished of submitted, engine steps) from the
     engine driver while ``record`` runs: engine start until the first request, then the
@@ -127,7 +166,9 @@ def _record(args: argparse.Namespace) -> int:
     from recorder.scenarios import record
 
     _quiet_vllm(args.verbose)
-    with Progress("record", quiet=args.quiet, key=f"record {args.scenario}") as progress:
+    with _engine_noise_aside(args.verbose) as terminal, \
+            Progress("record", quiet=args.quiet, key=f"record {args.scenario}",
+                     stream=terminal) as progress:
         progress.stage("engine start")
         with _progress_of_driver(progress):
             view = record(args.scenario, args.usable_blocks, args.policy, args.out,
