@@ -2,7 +2,7 @@
 
 Each function takes DataFrames from ``dashboard.data`` and returns a chart; none computes a
 number of its own. The app draws them with ``st.altair_chart``; the report renders the same
-spec to SVG offline (``to_svg``, vl-convert), so a report needs no network to be viewed.
+spec offline (``to_png``/``to_svg``, vl-convert), so a report needs no network to be viewed.
 
 NOTE: colours are colour-blind safe (Okabe-Ito hues); harm (vermillion) is the one alarming
 colour on every chart.
@@ -197,3 +197,11 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
     import vl_convert
 
     return vl_convert.vegalite_to_svg(chart.to_json())
+
+
+def to_png(chart: alt.TopLevelMixin, scale: float = 1.25) -> bytes:
+    """The chart as a PNG, rendered offline with its own fonts (text laid out exactly as
+    measured, whatever fonts the viewer has)."""
+    import vl_convert
+
+    return vl_convert.vegalite_to_png(chart.to_json(), scale=scale)

@@ -498,10 +498,10 @@ def sweep_series(source: Source, scenario: str | None = None) -> pd.DataFrame:
 
 #: claim_outcomes columns, decisive first.
 CLAIM_COLUMNS: Final[tuple[str, ...]] = (
-    "claim_id", "tenant", "outcome", "blocks_lost_harm", "value_lost", "protection_mode",
-    "blocks_lost_unknown", "blocks_lost_expiry", "blocks_lost_relaxation",
+    "claim_id", "tenant", "outcome", "blocks_lost_harm", "value_lost", "run_id",
+    "protection_mode", "blocks_lost_unknown", "blocks_lost_expiry", "blocks_lost_relaxation",
     "blocks_lost_eviction", "bound_blocks", "first_harm_seq", "first_harm_by_request_id",
-    "materialized_seq", "release_seq", "run_id")
+    "materialized_seq", "release_seq")
 
 
 def claim_outcomes(source: Source) -> pd.DataFrame:

@@ -3,7 +3,7 @@
 ``kvclaims report RUN_DIR... --out report.html`` (or ``build_report(paths)``) writes the
 headline, the block-level timeline of the runs that matter, the claims table, the findings and
 the conformance verdicts (``not_exercised`` kept apart from ``pass``). Charts are the
-dashboard's own (``dashboard.charts``), rendered offline to SVG and embedded as images, so the
+dashboard's own (``dashboard.charts``), rendered offline to PNG and embedded as images, so the
 page fetches nothing when opened and runs no script; every trace string is HTML-escaped.
 """
 
@@ -65,10 +65,11 @@ def table_html(df: pd.DataFrame, classes: dict[str, Callable[[Any], str]] | None
 
 
 def chart_html(chart: Any, alt_text: str) -> str:
-    """A chart as an embedded SVG image (``data:`` URI: it cannot load anything itself)."""
-    svg = charts.to_svg(chart).encode("utf-8")
+    """A chart as an embedded PNG image (a ``data:`` URI: it loads nothing). NOTE: PNG, not
+    SVG: an SVG's text is re-laid out with the viewer's fonts and long labels get clipped."""
+    png = base64.b64encode(charts.to_png(chart)).decode("ascii")
     return (f'<img class="chart" alt="{html.escape(alt_text)}" '
-            f'src="data:image/svg+xml;base64,{base64.b64encode(svg).decode("ascii")}">')
+            f'src="data:image/png;base64,{png}">')
 
 
 def timeline_runs(audit: data.Audit) -> list[str]:
@@ -129,8 +130,12 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
     out.append("</ul>")
     if len(head):
         out.append(chart_html(charts.headline_chart(head), "blocks lost per run by label"))
-    out.append(table_html(head, {"lost_harm": lambda v: "harm" if v else "",
-                                 "claims_harmed": lambda v: "harm" if v else ""}))
+    cols = ["run_id", "policy", "usable_blocks", "claims_harmed", "lost_harm", "refused",
+            "lost_unknown", "lost_expiry", "lost_relaxation", "lost_eviction", "deferred",
+            "preempted", "findings", "checks_failed", "checks_unknown"]
+    out.append(table_html(head[cols].rename(columns=lambda c: c.replace("_", " ")),
+                          {"lost harm": lambda v: "harm" if v else "",
+                           "claims harmed": lambda v: "harm" if v else ""}))
 
     out.append("<h2>Timeline</h2><p class='note'>Pool occupancy stacked as protected by "
                "claims / held by requests / cached-unreferenced / free, usable blocks dashed, "

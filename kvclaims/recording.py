@@ -142,7 +142,7 @@ def _progress_of_driver(progress: Progress) -> Iterator[None]:
 
     def report(driver: Any) -> None:
         finished = sum(1 for o in driver.outcomes.values() if o.finish_reason is not None)
-        progress.stage(f"scenario (step {counts['steps']}, requests finished)",
+        progress.stage(f"scenario, step {counts['steps']}: requests finished",
                        done=finished, total=len(driver.outcomes))
 
     def wrapped_submit(self: Any, *a: Any, **k: Any) -> Any:

@@ -411,7 +411,7 @@ def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) 
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "<script" not in page and "<link" not in page
     assert "src=\"http" not in page and "href=\"http" not in page
-    assert page.count("data:image/svg+xml;base64,") >= 3  # headline + two timelines
+    assert page.count("data:image/png;base64,") >= 3  # headline + two timelines
     assert "1 of 1 claims harmed; blocks lost: 50 harm" in page
     assert "not exercised" in page and "v-not_exercised" in page
 
