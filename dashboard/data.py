@@ -250,7 +250,7 @@ def _utc_anchor(manifest: dict[str, Any]) -> tuple[int | None, int | None]:
 #: evictable), free (the rest of ``usable_blocks``). free + cached is vLLM's free queue.
 _OCCUPANCY_SQL: Final[str] = """
 WITH be AS (
-    SELECT run_id, seq, block_id,
+    SELECT run_id, seq, ts_ns, block_id,
            CASE event WHEN 'block_freed' THEN -1 WHEN 'block_cached' THEN 0 WHEN 'block_evicted'
                 THEN 0 ELSE 1 END AS dref,
            event IN ('block_cached', 'block_hit', 'block_evicted') AS cset,
@@ -259,7 +259,7 @@ WITH be AS (
     WHERE event IN ('block_allocated', 'block_hit', 'block_freed', 'block_cached',
                     'block_evicted') AND block_id IS NOT NULL
     UNION ALL  -- a cache reset empties every block holding content (synthetic loss rows)
-    SELECT run_id, seq, block_id, 0, true, NULL FROM losses WHERE synthetic
+    SELECT run_id, seq, ts_ns, block_id, 0, true, NULL FROM losses WHERE synthetic
 ), content AS (  -- each block's content intervals [c_from, c_to)
     SELECT run_id, block_id, seq AS c_from, h,
            coalesce(lead(seq) OVER (PARTITION BY run_id, block_id ORDER BY seq),
@@ -280,53 +280,49 @@ WITH be AS (
     SELECT b.run_id, b.h, greatest(b.b_from, f.f_from) AS p_from, least(b.b_to, f.f_to) AS p_to
     FROM bind b JOIN force f ON f.run_id = b.run_id AND f.claim_id = b.claim_id
     WHERE greatest(b.b_from, f.f_from) < least(b.b_to, f.f_to)
-), pdelta AS (  -- a block is protected while its content overlaps a protected interval
-    SELECT c.run_id, c.block_id, greatest(c.c_from, p.p_from) AS seq, 1 AS dp
+), overlap AS (  -- a block is protected while its content overlaps a protected interval
+    SELECT c.run_id, c.block_id, greatest(c.c_from, p.p_from) AS o_from,
+           least(c.c_to, p.p_to) AS o_to
     FROM content c JOIN prot p ON p.run_id = c.run_id AND p.h = c.h
     WHERE greatest(c.c_from, p.p_from) < least(c.c_to, p.p_to)
-    UNION ALL
-    SELECT c.run_id, c.block_id, least(c.c_to, p.p_to), -1
-    FROM content c JOIN prot p ON p.run_id = c.run_id AND p.h = c.h
-    WHERE greatest(c.c_from, p.p_from) < least(c.c_to, p.p_to)
-      AND least(c.c_to, p.p_to) < 9223372036854775807
 ), pts AS (  -- every change point of every block
-    SELECT run_id, block_id, seq, sum(dref) AS dref, sum(dp) AS dp, bool_or(cset) AS cset,
-           max(h) FILTER (WHERE cset) AS h
-    FROM (SELECT run_id, block_id, seq, dref, 0 AS dp, cset, h FROM be
-          UNION ALL SELECT run_id, block_id, seq, 0, dp, false, NULL FROM pdelta)
+    SELECT run_id, block_id, seq, max(ts_ns) AS ts_ns, sum(dref) AS dref, sum(dp) AS dp,
+           max(CASE WHEN cset THEN (h IS NOT NULL)::INT END) AS has
+    FROM (SELECT run_id, block_id, seq, ts_ns, dref, 0 AS dp, cset, h FROM be
+          UNION ALL SELECT run_id, block_id, o_from, NULL, 0, 1, false, NULL FROM overlap
+          UNION ALL SELECT run_id, block_id, o_to, NULL, 0, -1, false, NULL FROM overlap
+                    WHERE o_to < 9223372036854775807)
     GROUP BY ALL
-), state AS (
-    SELECT run_id, block_id, seq,
-           sum(dref) OVER w AS refs, sum(dp) OVER w AS prot,
-           sum(cset::INT) OVER w AS grp, h, cset
-    FROM pts WINDOW w AS (PARTITION BY run_id, block_id ORDER BY seq
-                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ), cat AS (
-    SELECT run_id, block_id, seq,
-           CASE WHEN has_content AND prot > 0 THEN 'protected'
-                WHEN refs > 0 THEN 'held'
-                WHEN has_content THEN 'cached' ELSE 'free' END AS cat
-    FROM (SELECT *, first_value(h) OVER (PARTITION BY run_id, block_id, grp ORDER BY seq)
-                    IS NOT NULL AND grp > 0 AS has_content FROM state)
+    SELECT run_id, block_id, seq, ts_ns,
+           CASE WHEN has_content AND prot > 0 THEN 1  -- protected
+                WHEN refs > 0 THEN 2                  -- held
+                WHEN has_content THEN 3               -- cached
+                ELSE 0 END AS cat                     -- free
+    FROM (SELECT run_id, block_id, seq, ts_ns,
+                 sum(dref) OVER w AS refs, sum(dp) OVER w AS prot,
+                 coalesce(last_value(has IGNORE NULLS) OVER w, 0) = 1 AS has_content
+          FROM pts WINDOW w AS (PARTITION BY run_id, block_id ORDER BY seq
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
 ), moves AS (
-    SELECT run_id, seq, cat, lag(cat, 1, 'free') OVER (PARTITION BY run_id, block_id
-                                                      ORDER BY seq) AS prev
+    SELECT run_id, seq, ts_ns, cat,
+           lag(cat, 1, 0) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev
     FROM cat
 ), steps AS (
-    SELECT run_id, seq,
-           sum((cat = 'protected')::INT - (prev = 'protected')::INT) AS d_protected,
-           sum((cat = 'held')::INT - (prev = 'held')::INT) AS d_held,
-           sum((cat = 'cached')::INT - (prev = 'cached')::INT) AS d_cached
+    SELECT run_id, seq, max(ts_ns) AS ts_ns,
+           sum((cat = 1)::INT - (prev = 1)::INT) AS d_protected,
+           sum((cat = 2)::INT - (prev = 2)::INT) AS d_held,
+           sum((cat = 3)::INT - (prev = 3)::INT) AS d_cached
     FROM moves WHERE cat <> prev GROUP BY ALL
 )
-SELECT s.run_id, s.seq, e.ts_ns,
+SELECT run_id, seq, ts_ns,
        sum(d_protected) OVER w AS protected,
        sum(d_held) OVER w AS held,
        sum(d_cached) OVER w AS cached
-FROM steps s JOIN events e ON e.run_id = s.run_id AND e.seq = s.seq
-WINDOW w AS (PARTITION BY s.run_id ORDER BY s.seq
+FROM steps
+WINDOW w AS (PARTITION BY run_id ORDER BY seq
              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-ORDER BY s.run_id, s.seq
+ORDER BY run_id, seq
 """
 
 
