@@ -100,14 +100,32 @@ def important_requests(audit: data.Audit, run_id: str, limit: int = MAX_REQUEST_
     return lanes[lanes["lane"].isin(keep_set)]
 
 
+def important_claims(audit: data.Audit, run_id: str, highlight: str | None = None,
+                     limit: int = MAX_REQUEST_LANES) -> pd.DataFrame:
+    """A run's claim lanes, the ones that lost blocks first (harm first, then any label), the
+    highlighted one always, at most ``limit`` claims."""
+    lanes = data.claim_lanes(audit, run_id)
+    marks = data.claim_loss_marks(audit, run_id)
+    severity = {k: len(data.LABELS) - i for i, k in enumerate(data.LABELS)}
+    worst = marks.assign(s=marks["label"].map(severity)).groupby("lane")["s"].max().to_dict()
+    lost = marks.groupby("lane")["blocks"].sum().to_dict()
+    order = list(dict.fromkeys(lanes["lane"]))
+    ranked = sorted(order, key=lambda c: (c != highlight, -worst.get(c, 0), -lost.get(c, 0)))
+    keep = set(ranked[:limit])
+    return lanes[lanes["lane"].isin(keep)]
+
+
 def run_timeline(audit: data.Audit, run_id: str, highlight: str | None = None,
                  width: int | str = charts.WIDTH) -> Any:
-    """The timeline chart of one run (shared by the app's Timeline page and the report)."""
+    """The timeline chart of one run (shared by the app's Timeline page and the report):
+    every change of the pool, the claims and requests that matter most (at most
+    ``MAX_REQUEST_LANES`` lanes each)."""
+    claims = important_claims(audit, run_id, highlight)
+    marks = data.claim_loss_marks(audit, run_id)
     return charts.timeline_chart(
         data.occupancy_long(audit, run_id), data.usable_blocks(audit, run_id),
-        data.run_losses(audit, run_id), data.claim_lanes(audit, run_id),
-        data.claim_loss_marks(audit, run_id), important_requests(audit, run_id),
-        highlight=highlight, width=width)
+        data.run_losses(audit, run_id), claims, marks[marks["lane"].isin(set(claims["lane"]))],
+        important_requests(audit, run_id), highlight=highlight, width=width)
 
 
 def build_report(source: data.Source, title: str = "kvclaims incident report") -> str:

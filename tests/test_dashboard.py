@@ -777,3 +777,45 @@ def test_browser_fetches_nothing_a_crafted_trace_names(chromium, tmp_path: Path)
         server.shutdown()
     assert hits == [], hits
     assert "Traceback" not in body
+
+
+def _with_clock(src: Path, dst: Path, utc_ns: int, monotonic_ns: int) -> Path:
+    """A copy of a run directory whose manifest anchors its clock (as the recorder writes it)."""
+    import json
+
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["clock"] = {"utc_ns": utc_ns, "monotonic_ns": monotonic_ns, "host": "test"}
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_a_run_with_a_clock_anchor_shows_utc_beside_seq(tmp_path: Path) -> None:
+    plain = data.load_audit([LIVE])
+    (run_id,) = plain.run_ids
+    first_ts = int(data.occupancy(plain, run_id)["ts_ns"].iloc[0])
+    anchored = data.load_audit([_with_clock(LIVE, tmp_path / "live", 1_764_500_000_000_000_000,
+                                            first_ts)])
+    occ = data.occupancy(anchored, run_id)
+    assert data.has_clock(anchored, run_id)
+    assert occ["utc"].iloc[0] == pd.Timestamp(1_764_500_000_000_000_000, unit="ns", tz="UTC")
+
+
+def test_a_run_without_a_clock_anchor_is_seq_only() -> None:
+    plain = data.load_audit([LIVE])
+    (run_id,) = plain.run_ids
+    assert not data.has_clock(plain, run_id)
+    assert "utc" not in data.occupancy(plain, run_id).columns
+
+
+def test_timeline_lanes_keep_the_claims_and_requests_that_matter(audit: data.Audit) -> None:
+    from dashboard import report
+
+    claims = report.important_claims(audit, MULTI_RUN, limit=2)
+    assert set(claims["lane"]) == {"d:best", "d:soft"}  # harm first (6 blocks each)
+    assert "x:hold" not in set(claims["lane"])  # 20 blocks, but relaxation: after harm
+    kept = report.important_claims(audit, MULTI_RUN, highlight="x:hold", limit=2)
+    assert "x:hold" in set(kept["lane"])  # the chosen claim is always drawn
+    requests = report.important_requests(audit, MULTI_RUN, limit=6)
+    assert {"g-big-909c0703", "i-huge-8c01ee5e"} <= set(requests["lane"])  # harm, refusal
+    assert "a-doc-9d85846a" not in set(requests["lane"])
