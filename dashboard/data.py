@@ -218,8 +218,6 @@ def load_audit(paths: Sequence[PathLike],
 
 def natural_key(text: Any) -> tuple[Any, ...]:
     """Sort key that orders embedded numbers numerically (``-80`` before ``-100``)."""
-    import re
-
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(text)))
 
 

@@ -28,7 +28,8 @@ _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1240px;
        color: #111; }
 h1 { font-size: 24px; margin-bottom: 4px; } h2 { margin-top: 32px; border-bottom: 1px solid #ccc; }
-.summary { font-size: 17px; padding: 10px 14px; background: #f4f4f4; border-left: 6px solid #D55E00; }
+.summary { font-size: 17px; padding: 10px 14px; background: #f4f4f4;
+           border-left: 6px solid #D55E00; }
 .ok { border-left-color: #0072B2; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }

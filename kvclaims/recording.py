@@ -244,8 +244,10 @@ def _ranges(positions: list[int]) -> str:
 
 def _sweep(args: argparse.Namespace) -> int:
     _quiet_vllm(args.verbose)
-    rows = sweep(args.scenario, _ints(args.capacities), _names(args.policies, POLICIES),
-                 args.out, model_dir=args.model, quiet=args.quiet)
+    capacities, policies = _ints(args.capacities), _names(args.policies, POLICIES)
+    with _engine_noise_aside(args.verbose) as terminal:
+        rows = sweep(args.scenario, capacities, policies, args.out, model_dir=args.model,
+                     quiet=args.quiet, stream=terminal)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -255,15 +257,17 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, *,
-          model_dir: Path | None = None, quiet: bool = False) -> list[dict[str, Any]]:
-    """Record every (policy, capacity) point not yet complete, then tabulate them all."""
+          model_dir: Path | None = None, quiet: bool = False,
+          stream: Any = None) -> list[dict[str, Any]]:
+    """Record every (policy, capacity) point not yet complete, then tabulate them all;
+    progress on ``stream`` (default stderr) when it is a terminal and not ``quiet``."""
     from reconstruct.loader import read_manifest
     from recorder.scenarios import record
 
     out.mkdir(parents=True, exist_ok=True)
     points = [(p, c) for p in policies for c in sorted(capacities)]
-    with Progress(f"sweep {scenario}", quiet=quiet,
-                  key=f"sweep {scenario} x{len(points)}") as progress:
+    with Progress(f"sweep {scenario}", quiet=quiet, key=f"sweep {scenario} x{len(points)}",
+                  stream=stream) as progress:
         for i, (policy, usable) in enumerate(points):
             run_dir = out / f"{scenario}-{policy}-{usable}"
             progress.stage(f"point {policy} @ {usable}", done=i, total=len(points))

@@ -252,7 +252,7 @@ def test_the_dashboard_never_imports_the_scheduler_or_vllm() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# -- headline, sorting, timeline, evictors -----------------------------------------------------------
+# -- headline, sorting, timeline, evictors ------------------------------------------------------
 
 def _headline_row(audit: data.Audit, run_id: str) -> dict:
     h = data.headline(audit)
@@ -402,7 +402,7 @@ def test_conformance_evidence_seqs_are_sorted(audit: data.Audit) -> None:
         assert seqs == sorted(seqs)
 
 
-# -- the HTML report ---------------------------------------------------------------------------------
+# -- the HTML report -----------------------------------------------------------------------------
 
 def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) -> None:
     from dashboard.report import build_report
