@@ -268,12 +268,17 @@ WITH be AS (
            coalesce(lead(seq) OVER (PARTITION BY run_id, claim_id, position ORDER BY seq),
                     9223372036854775807) AS b_to
     FROM events WHERE event = 'claim_bound'
+), run_modes AS (  -- each run's policy: does it enforce claims, and the default mode
+    SELECT e.run_id, p.enforce, p.default_mode
+    FROM events e JOIN (VALUES {policies}) p(policy, enforce, default_mode)
+      ON p.policy = e.policy
+    WHERE e.event = 'run_started'
 ), force AS (
     SELECT c.run_id, c.claim_id, c.accepted_seq AS f_from,
            coalesce(c.release_seq, 9223372036854775807) AS f_to
     FROM claims c JOIN run_modes m ON m.run_id = c.run_id
     WHERE m.enforce AND c.accepted_seq IS NOT NULL
-      AND list_contains(m.pinning, coalesce(c.protection_mode, m.default_mode))
+      AND coalesce(c.protection_mode, m.default_mode) IN ({pinning})
 ), prot AS (  -- content hashes protected, per claim binding in force
     SELECT b.run_id, b.h, greatest(b.b_from, f.f_from) AS p_from, least(b.b_to, f.f_to) AS p_to
     FROM bind b JOIN force f ON f.run_id = b.run_id AND f.claim_id = b.claim_id
@@ -325,22 +330,21 @@ ORDER BY run_id, seq
 
 
 def _occupancy(con: Any, runs: pd.DataFrame) -> pd.DataFrame:
-    """Pool occupancy by category after every change (``_OCCUPANCY_SQL``), plus ``free``."""
+    """Pool occupancy by category after every change (``_OCCUPANCY_SQL``), plus ``free``.
+
+    NOTE: only the code's own constants (policy names, modes) are formatted into the SQL,
+    never a trace string; the runs' policies are joined from ``run_started`` in SQL.
+    """
     from recorder.policies import POLICIES
     from recorder.schema import PINNING_MODES
 
-    modes = pd.DataFrame({
-        "run_id": runs["run_id"],
-        "enforce": [bool(POLICIES[p].enforce) if p in POLICIES else False
-                    for p in runs["policy"]],
-        "default_mode": [POLICIES[p].default_mode if p in POLICIES else None
-                         for p in runs["policy"]],
-        "pinning": [sorted(PINNING_MODES)] * len(runs)})
-    con.register("run_modes", modes)
-    try:
-        df = con.sql(_OCCUPANCY_SQL).df()
-    finally:
-        con.unregister("run_modes")
+    def lit(v: str) -> str:
+        return "'" + v.replace("'", "''") + "'"
+
+    policies = ", ".join(f"({lit(p.name)}, {str(bool(p.enforce)).lower()}, "
+                         f"{lit(p.default_mode)})" for p in POLICIES.values())
+    pinning = ", ".join(lit(m) for m in sorted(PINNING_MODES))
+    df = con.sql(_OCCUPANCY_SQL.format(policies=policies, pinning=pinning)).df()
     usable = runs.set_index("run_id")["usable_blocks"]
     df = df.astype({"protected": "int64", "held": "int64", "cached": "int64"})
     df["usable_blocks"] = df["run_id"].map(usable).astype("Int64")
