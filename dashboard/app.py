@@ -1,11 +1,16 @@
 """kvclaims audit dashboard (Streamlit).
 
+    kvclaims dashboard [RUN_DIR_OR_SWEEP_DIR ...] [--port 8501] [--host 127.0.0.1]
     streamlit run dashboard/app.py -- [RUN_DIR_OR_SWEEP_DIR ...]
 
 Without paths it audits the shipped traces (every folder under ``traces/`` except the paper
-prototype's JSON Lines). Every number on every page comes from a documented view
-(``queries/*.sql``) or a reconstructed table (docs/reconstruction.md), through
-``dashboard/data.py``; see docs/dashboard.md.
+prototype's JSON Lines). It browses only under the directories it was started with. Every
+number comes from a documented view or a reconstructed table through ``dashboard/data.py``;
+see docs/dashboard.md.
+
+NOTE: trace strings (tenants, claim and request ids, run ids) never reach markdown or HTML
+unescaped: they are shown in tables, charts, plain-text widgets, or through ``_md`` (which
+escapes every markdown character), so a crafted trace cannot make the browser fetch anything.
 """
 
 from __future__ import annotations
@@ -21,20 +26,25 @@ if __package__ in (None, ""):  # run as a script by `streamlit run`: make the re
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from dashboard import charts, data  # noqa: E402
+from dashboard import charts, data, report  # noqa: E402
 from recorder.schema import InputError  # noqa: E402
 
-TABS = ("Capacity sweep", "Claims", "Pool occupancy", "Loss labels", "Tenant explanations",
-        "Findings & conformance")
+#: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
+PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"),
+         ("Capacity sweep", "sweep"), ("Tenants", "tenants"),
+         ("Findings & conformance", "conformance"))
 ALL_RUNS = "all runs"
-_VERDICT_COLORS = {"pass": "#d7f0d7", "fail": "#f7c6c6", "unknown": "#e6e6e6",
-                   "not_applicable": ""}
+TIMELINE_WIDTH = 640
+_VERDICT_COLORS = {"fail": "background-color: #D55E00; color: white",
+                   "unknown": "background-color: black; color: white",
+                   "pass": "background-color: #cfe6f5", "not_exercised": "color: #888888"}
+_md = data.md_text
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def load(paths: tuple[str, ...]) -> data.Audit:
+def load(paths: tuple[str, ...], _progress=None) -> data.Audit:
     """Reconstruct once per set of paths (shared by every session)."""
-    return data.load_audit(list(paths))
+    return data.load_audit(list(paths), progress=_progress)
 
 
 def _initial_paths(argv: list[str]) -> list[str]:
@@ -50,6 +60,30 @@ def _initial_paths(argv: list[str]) -> list[str]:
     return out
 
 
+def allowed_roots(argv: list[str]) -> list[Path]:
+    """The directories this dashboard may browse: those it was started with (a run
+    directory's own folder counts), else the shipped traces."""
+    if not argv:
+        return [data.TRACES_DIR.resolve()]
+    return [Path(p).resolve() for p in argv]
+
+
+def confine(paths: list[str], roots: list[Path]) -> tuple[list[str], list[str]]:
+    """Split typed paths into those inside ``roots`` and one error line for each other one.
+    Nothing outside the roots is opened or walked."""
+    good: list[str] = []
+    errors: list[str] = []
+    for p in paths:
+        resolved = Path(p).resolve()
+        if any(resolved == r or r in resolved.parents for r in roots):
+            good.append(p)
+        else:
+            errors.append(f"{p}: outside the directories this dashboard was started with "
+                          f"({', '.join(map(str, roots))}); restart it with that path to "
+                          "audit it")
+    return good, errors
+
+
 def _height(rows: int, most: int = 22) -> int:
     """A data grid tall enough for ``rows`` rows (at most ``most``, then it scrolls)."""
     return 35 * (min(rows, most) + 1) + 3
@@ -60,35 +94,86 @@ def _source(*names: str) -> None:
 
 
 def _verdict_style(v: object) -> str:
-    color = _VERDICT_COLORS.get(str(v), "")
-    return f"background-color: {color}" if color else ""
+    return _VERDICT_COLORS.get(str(v), "")
+
+
+def _go(page: str, **state: object) -> None:
+    """Button callback: switch page (and set widgets' state) before the next run."""
+    st.session_state["page"] = page
+    for k, v in state.items():
+        st.session_state[k] = v
 
 
 # -- pages -------------------------------------------------------------------------------------
 
-def page_capacity_sweep(audit: data.Audit) -> None:
-    st.subheader("Capacity sweep")
-    choice = st.selectbox("Scenario", [*data.sweep_scenarios(audit), ALL_RUNS],
-                          key="sweep_scenario")
-    scenario = None if choice == ALL_RUNS else choice
-    table = data.capacity_sweep(audit, scenario)
-    if scenario is not None:
-        table = table.drop(columns="scenario")
-    st.dataframe(table, hide_index=True, width="stretch", height=_height(len(table)))
-    _source("capacity_sweep")
-    if scenario is None:
-        st.info("Choose one scenario to plot its sweep.")
-        return
-    series = data.sweep_series(audit, scenario)
-    left, right = st.columns(2)
-    left.altair_chart(charts.sweep_chart(series, "resident blocks lost"),
-                      width="stretch")
-    right.altair_chart(charts.sweep_chart(series, "shortfall"), width="stretch")
-    st.caption("Resident blocks lost: cached blocks the active request's allocation evicted "
-               "(`capacity_sweep.resident_blocks_lost`). Shortfall: blocks the active request "
-               "was short of at its refusal (`capacity_sweep.shortfall_blocks`, 0 if not "
-               "refused). Policies with equal values draw over each other; hover a point for "
-               "its run.")
+def page_overview(audit: data.Audit) -> None:
+    st.subheader("What happened")
+    head = data.headline(audit)
+    harmed = int(head["lost_harm"].sum())
+    (st.error if harmed else st.success)(_md(data.summary_text(audit)))
+    worst = head.sort_values(["lost_harm", "refused"], ascending=False, kind="stable")
+    for r in worst.head(8).to_dict("records"):
+        line = f"**{_md(r['run_id'])}** — {_md(data.headline_text(r))}"
+        if r["lost_harm"]:
+            st.markdown(f":red[●] {line}")
+        else:
+            st.markdown(f"○ {line}")
+    if len(head) > 8:
+        st.caption(f"{len(head) - 8} more run(s) in the table below.")
+    if int(head[[f"lost_{k}" for k in data.LABELS]].to_numpy().sum()):
+        st.altair_chart(charts.headline_chart(head, width="container"), width="stretch")
+    cols = ["run_id", "policy", "usable_blocks", "claims_harmed", "lost_harm", "refused",
+            "lost_unknown", "lost_expiry", "lost_relaxation", "lost_eviction", "deferred",
+            "preempted", "claims", "requests", "findings", "checks_failed", "checks_unknown"]
+    st.dataframe(head[cols], hide_index=True, width="stretch", height=_height(len(head), 14),
+                 column_config={"lost_harm": "blocks lost: harm",
+                                "claims_harmed": "claims harmed",
+                                "refused": "requests refused"})
+    _source("claims", "losses", "requests", "findings", "conformance")
+
+
+def page_timeline(audit: data.Audit) -> None:
+    st.subheader("Timeline")
+    head = data.headline(audit)
+    order = head.sort_values(["lost_harm", "refused"], ascending=False, kind="stable")
+    run_id = st.selectbox("Run", order["run_id"].tolist(), key="timeline_run")
+    harmed = data.harmed_claims(audit, run_id)
+    claim = None
+    if harmed:
+        claim = st.selectbox("Harmed claim", [c for _, c in harmed], key="timeline_claim")
+    occ = data.occupancy(audit, run_id)
+    cols = st.columns(4)
+    cols[0].metric("usable blocks", data.usable_blocks(audit, run_id) or "-")
+    cols[1].metric("peak protected", int(occ["protected"].max()) if len(occ) else 0)
+    cols[2].metric("peak held", int(occ["held"].max()) if len(occ) else 0)
+    cols[3].metric("losses", int(data.run_losses(audit, run_id)["blocks"].sum()))
+    # NOTE: a fixed plot width: the lanes' labels and the legends must fit beside it in the
+    # main column at 1400 px (vega's "container" width does not apply inside a vconcat).
+    st.altair_chart(report.run_timeline(audit, run_id, highlight=claim, width=TIMELINE_WIDTH),
+                    width="content")
+    clock = ("UTC shown in the tables" if data.has_clock(audit, run_id)
+             else "this run's manifest has no wall clock: seq only")
+    st.caption("Pool: protected by claims (in force, pinning mode, enforcing policy) / held by "
+               "requests / cached, unreferenced (evictable) / free; dashed: usable blocks; "
+               "ticks above: every loss by label. Lanes: claim states and losses, request "
+               f"states and end marks; {clock}.")
+    if claim is not None:
+        st.markdown(f"**Who evicted {_md(claim)}'s blocks as harm, and why they were "
+                    "admitted**")
+        ev = data.harm_evictors(audit, run_id, claim)
+        for r in ev.itertuples(index=False):
+            who = "no tenant" if pd.isna(r.tenant) else r.tenant
+            st.markdown(f"- **{_md(r.request_id)}** ({_md(who)}) evicted {r.harm_blocks} of "
+                        f"its blocks from seq {r.first_seq}: {_md(r.why)}")
+        st.dataframe(ev.drop(columns="why"), hide_index=True, width="stretch")
+        tenant = audit.tables["claims"].query("run_id == @run_id and claim_id == @claim")[
+            "tenant"]
+        if len(tenant) and not pd.isna(tenant.iloc[0]):
+            st.button("Open this tenant's explanation", key="to_tenant", on_click=_go,
+                      args=("Tenants",), kwargs={"tenant": tenant.iloc[0]})
+        _source("loss_claims", "feasibility", "requests")
+    with st.expander("Occupancy after every change"):
+        st.dataframe(occ, hide_index=True, width="stretch")
 
 
 def page_claims(audit: data.Audit) -> None:
@@ -113,8 +198,9 @@ def page_claims(audit: data.Audit) -> None:
     for col, label in zip(cols[2:], ("harm", "expiry", "relaxation", "eviction")):
         col.metric(f"lost: {label}", int(row[f"blocks_lost_{label}"]))
     st.altair_chart(charts.claim_timeline_chart(lifecycle, losses), width="stretch")
-    st.caption("Dashed rules: the claim's lifecycle events (`events`). Points: its block losses "
-               "at their position in the claim, coloured by label (`loss_claims`).")
+    st.caption("Dashed rules: the claim's lifecycle events (`events`), named in the legend. "
+               "Points: its block losses at their position in the claim, coloured by label "
+               "(`loss_claims`).")
     left, right = st.columns(2)
     left.markdown("**Lifecycle events**")
     left.dataframe(lifecycle[["seq", "event", "request_id", "protection_mode", "reason",
@@ -125,33 +211,32 @@ def page_claims(audit: data.Audit) -> None:
                     hide_index=True, width="stretch")
 
 
-def page_pool_occupancy(audit: data.Audit) -> None:
-    st.subheader("Pool occupancy")
-    run_id = st.selectbox("Run", audit.run_ids, key="pool_run")
-    occ = data.pool_occupancy(audit, run_id)
-    usable = data.usable_blocks(audit, run_id)
-    cols = st.columns(3)
-    cols[0].metric("usable blocks", "-" if usable is None else usable)
-    cols[1].metric("peak cached blocks", int(occ["cached_blocks"].max()) if len(occ) else 0)
-    cols[2].metric("losses", int(occ["change"].str.startswith("loss:").sum()))
-    if occ.empty:
-        st.info("No cached blocks in this run.")
-    else:
-        st.altair_chart(charts.occupancy_chart(occ, usable), width="stretch")
-    _source("pool_occupancy")
-    with st.expander("Changes"):
-        st.dataframe(occ, hide_index=True, width="stretch")
-
-
-def page_loss_labels(audit: data.Audit) -> None:
-    st.subheader("Loss labels")
-    labels = data.loss_labels(audit)
-    if labels.empty:
-        st.info("No block losses in these runs.")
+def page_sweep(audit: data.Audit) -> None:
+    st.subheader("Capacity sweep")
+    choice = st.selectbox("Scenario", [*data.sweep_scenarios(audit), ALL_RUNS],
+                          key="sweep_scenario")
+    scenario = None if choice == ALL_RUNS else choice
+    table = data.capacity_sweep(audit, scenario)
+    if scenario is not None:
+        table = table.drop(columns="scenario")
+    table = table.drop(columns=["active_request_id"], errors="ignore")
+    harmed = table[table["harm"] > 0]
+    refused = table[table["active_outcome"] == "refused"]
+    st.markdown(f"**{len(table)} points**: the active request's allocation evicted resident "
+                f"blocks as harm at {len(harmed)} of them; it was refused at {len(refused)}.")
+    st.dataframe(table, hide_index=True, width="stretch", height=_height(len(table)),
+                 column_config={k: v for k, v in data.SWEEP_TITLES.items() if k in table})
+    st.caption("*resident blocks lost* and *of those: …* count only the cached blocks the "
+               "active request (largest demand) evicted; *all blocks lost* counts every loss "
+               "in the run, by any request.")
+    _source("capacity_sweep")
+    if scenario is None:
+        st.info("Choose one scenario to plot its sweep.")
         return
-    st.altair_chart(charts.loss_label_chart(labels), width="stretch")
-    st.dataframe(labels, hide_index=True, width="stretch")
-    _source("loss_labels")
+    series = data.sweep_series(audit, scenario)
+    left, right = st.columns(2)
+    left.altair_chart(charts.sweep_chart(series, "resident blocks lost"), width="stretch")
+    right.altair_chart(charts.sweep_chart(series, "shortfall"), width="stretch")
 
 
 def page_tenants(audit: data.Audit) -> None:
@@ -160,22 +245,24 @@ def page_tenants(audit: data.Audit) -> None:
     if not names:
         st.info("No tenant declared a claim in these runs.")
         return
-    tenant = st.selectbox("Tenant", names, key="tenant")
-    rows = data.tenant_explanations(audit, tenant)
+    if st.session_state.get("tenant") not in names:
+        st.session_state["tenant"] = names[0]  # the tenant with the most harm
+    tenant = st.selectbox("Tenant (most harm first)", names, key="tenant")
+    rows = data.explain_tenant(audit, tenant)
     if rows.empty:
-        st.success(f"Nothing to explain to {tenant}: none of its claims lost blocks after "
-                   "harm, a demotion, a release or an expiry.")
+        st.success(f"Nothing to explain to {_md(tenant)}: none of its claims lost blocks "
+                   "after harm, a demotion, a release or an expiry.")
     for r in rows.itertuples(index=False):
-        st.markdown(f"**{r.claim_id}** — {r.outcome} — run `{r.run_id}`")
-        (st.warning if r.outcome == "harmed" else st.info)(r.explanation)
-        st.caption(f"evidence seqs: {r.evidence_seqs}")
+        st.markdown(f"**{_md(r.claim_id)}** — {_md(r.outcome)} — run {_md(r.run_id)}")
+        (st.warning if r.outcome == "harmed" else st.info)(_md(r.explanation))
+        st.caption(f"evidence seqs: {_md(r.evidence_seqs)}")
     _source("tenant_explanations")
-    st.markdown(f"**Every claim of {tenant}**")
+    st.markdown(f"**Every claim of {_md(tenant)}**")
     st.dataframe(data.tenant_claims(audit, tenant), hide_index=True, width="stretch")
     _source("claim_outcomes")
 
 
-def page_findings(audit: data.Audit) -> None:
+def page_conformance(audit: data.Audit) -> None:
     st.subheader("Findings")
     found = data.findings(audit)
     if found.empty:
@@ -183,55 +270,93 @@ def page_findings(audit: data.Audit) -> None:
     else:
         st.dataframe(found, hide_index=True, width="stretch")
     _source("findings")
-    st.subheader("Conformance (L1–L7 and invariants)")
-    for col, (verdict, n) in zip(st.columns(4), data.verdict_counts(audit).items()):
-        col.metric(verdict, n)
+    st.subheader("Conformance")
+    counts = data.verdict_counts(audit)
+    for col, (verdict, n) in zip(st.columns(4), counts.items()):
+        col.metric(verdict.replace("_", " "), n)
+    head = data.headline(audit)
+    harm = int(head["lost_harm"].sum())
+    st.caption("A check that nothing in a run exercised is *not exercised*, never a pass. "
+               "Conformance asks whether the runtime kept its policy's rules"
+               + (f"; the {harm} blocks lost as harm in these runs are on the Overview "
+                  "(a policy that does not enforce claims can pass every check and still "
+                  "harm them)." if harm else "."))
     matrix = data.conformance_matrix(audit)
     checks = [c for c in matrix.columns if c != "run_id"]
     st.dataframe(matrix.style.map(_verdict_style, subset=checks), hide_index=True,
-                 width="stretch", height=_height(len(matrix), 30))
+                 width="stretch", height=_height(len(matrix), 30),
+                 column_config={"run_id": st.column_config.TextColumn("run", width="medium"),
+                                **{c: st.column_config.TextColumn(
+                                    c.removeprefix("INV_"), width="small",
+                                    help=data.CHECK_TITLES.get(c)) for c in checks}})
     run_id = st.selectbox("Run", audit.run_ids, key="conformance_run")
-    st.table(data.conformance(audit, run_id)[["check", "verdict", "evidence_seqs", "detail"]]
-             .set_index("check"))
+    table = data.conformance(audit, run_id)[["check", "title", "verdict", "evidence_seqs",
+                                             "detail"]]
+    st.dataframe(table.style.map(_verdict_style, subset=["verdict"]), hide_index=True,
+                 width="stretch", height=_height(len(table)),
+                 column_config={"check": st.column_config.TextColumn(width="small"),
+                                "title": st.column_config.TextColumn(width="medium"),
+                                "verdict": st.column_config.TextColumn(width="small"),
+                                "evidence_seqs": st.column_config.TextColumn(width="small"),
+                                "detail": st.column_config.TextColumn(width="large")})
     _source("conformance")
 
 
-PAGES = (page_capacity_sweep, page_claims, page_pool_occupancy, page_loss_labels, page_tenants,
-         page_findings)
+PAGE_FUNCS = {"Overview": page_overview, "Timeline": page_timeline, "Claims": page_claims,
+              "Capacity sweep": page_sweep, "Tenants": page_tenants,
+              "Findings & conformance": page_conformance}
 
 
 # -- main --------------------------------------------------------------------------------------
 
+def _choose_page() -> str:
+    titles = [t for t, _ in PAGES]
+    slug_of = dict(PAGES)
+    if "page" not in st.session_state:
+        wanted = st.query_params.get("page")
+        st.session_state["page"] = next((t for t, s in PAGES if s == wanted), titles[0])
+    page = st.sidebar.radio("Page", titles, key="page")
+    st.query_params["page"] = slug_of[page]
+    return page
+
+
 def main(argv: list[str]) -> None:
     st.set_page_config(page_title="kvclaims audit", layout="wide")
     st.title("kvclaims audit")
+    page = _choose_page()
     try:
         initial = _initial_paths(argv)
     except InputError as exc:
         initial = []
-        st.error(str(exc))
-    text = st.sidebar.text_area("Run or sweep directories, one per line",
-                                value="\n".join(initial), height=180, key="paths")
-    good, errors = data.check_paths(data.parse_paths(text))
-    for msg in errors:
-        st.error(msg)
+        st.error(_md(exc))
+    roots = allowed_roots(argv)
+    text = st.sidebar.text_area("Run or sweep directories, one per line (under the "
+                                "directories this dashboard was started with)",
+                                value="\n".join(initial), height=160, key="paths")
+    inside, errors = confine(data.parse_paths(text), roots)
+    good, bad = data.check_paths(inside)
+    for msg in errors + bad:
+        st.error(_md(msg))
     if not good:
         st.error("No run directory to audit: name a run directory (holding manifest.json) or "
                  "a sweep directory that contains run directories.")
         st.stop()
+    key = tuple(str(Path(p).resolve()) for p in good)
     try:
-        with st.spinner(f"Reconstructing {len(good)} path(s)…"):
-            audit = load(tuple(str(Path(p).resolve()) for p in good))
+        with st.status(f"Reconstructing {len(good)} path(s)…", expanded=False) as status:
+            audit = load(key, _progress=lambda stage: status.update(
+                label=f"Reconstructing {len(good)} path(s): {stage}…"))
+            status.update(label=f"{len(audit.run_ids)} run(s) from {len(good)} path(s), "
+                                "reconstructed offline with DuckDB.", state="complete")
     except InputError as exc:
-        st.error(f"Cannot read the trace: {exc}")
+        st.error(f"Cannot read the trace: {_md(exc)}")
         st.stop()
-    st.caption(f"{len(audit.run_ids)} run(s) from {len(good)} path(s), reconstructed offline "
-               "with DuckDB.")
     for note in audit.truncations:
-        st.warning(note)
-    for tab, page in zip(st.tabs(list(TABS)), PAGES):
-        with tab:
-            page(audit)
+        st.warning(_md(note))
+    try:
+        PAGE_FUNCS[page](audit)
+    except InputError as exc:  # bad input on a page: one line, never a traceback
+        st.error(_md(exc))
 
 
 main(sys.argv[1:])

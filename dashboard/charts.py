@@ -1,7 +1,11 @@
-"""Altair charts for the dashboard (Altair ships with Streamlit; charts render offline).
+"""Altair charts for the dashboard and the HTML report (one implementation for both).
 
-Each function takes a DataFrame from ``dashboard.data`` and returns a chart; none computes a
-number of its own.
+Each function takes DataFrames from ``dashboard.data`` and returns a chart; none computes a
+number of its own. The app draws them with ``st.altair_chart``; the report renders the same
+spec offline (``to_png``/``to_svg``, vl-convert), so a report needs no network to be viewed.
+
+NOTE: colours are colour-blind safe (Okabe-Ito hues); harm (vermillion) is the one alarming
+colour on every chart.
 """
 
 from __future__ import annotations
@@ -9,9 +13,31 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from dashboard.data import LABEL_COLORS, LABELS
+from dashboard.data import (LABEL_COLORS, LABELS, OCCUPANCY, OCCUPANCY_COLORS,
+                            OCCUPANCY_TITLES)
 
 _LABEL_SCALE = alt.Scale(domain=list(LABELS), range=[LABEL_COLORS[k] for k in LABELS])
+_OCC_DOMAIN = [OCCUPANCY_TITLES[k] for k in OCCUPANCY]
+_OCC_SCALE = alt.Scale(domain=_OCC_DOMAIN, range=[OCCUPANCY_COLORS[k] for k in OCCUPANCY])
+#: Lane states (claims, then requests) and their colours; none of them is vermillion.
+LANE_COLORS: dict[str, str] = {
+    "submitted": "#DDDDDD", "accepted": "#56B4E9", "in force": "#0072B2",
+    "demoted": "#999999", "expired": "#999999", "released": "#BBBBBB", "rejected": "#000000",
+    "queued": "#DDDDDD", "deferred": "#E69F00", "running": "#009E73",
+    "served": "#000000", "deferred_then_served": "#000000", "refused": "#CC79A7",
+    "preempted": "#E69F00", "aborted": "#666666", "unknown": "#666666"}
+#: At most this many points per series are sent to the browser (a step line keeps its shape).
+MAX_POINTS = 3000
+WIDTH = 1100
+
+
+def _thin(df: pd.DataFrame, key: str = "seq") -> pd.DataFrame:
+    """Keep at most ``MAX_POINTS`` rows, evenly by ``key`` order, always the last one."""
+    if len(df) <= MAX_POINTS:
+        return df
+    step = -(-len(df) // MAX_POINTS)
+    keep = df.iloc[::step]
+    return pd.concat([keep, df.iloc[[-1]]]).drop_duplicates(subset=[key], keep="last")
 
 
 def sweep_chart(series: pd.DataFrame, metric: str) -> alt.Chart:
@@ -22,54 +48,160 @@ def sweep_chart(series: pd.DataFrame, metric: str) -> alt.Chart:
     return alt.Chart(df, title=metric).mark_line(point=alt.OverlayMarkDef(size=60)).encode(
         x=alt.X("usable_blocks:Q", title="usable blocks", scale=alt.Scale(zero=False)),
         y=alt.Y("value:Q", title="blocks"),
-        color=alt.Color("policy:N", title="policy"),
+        color=alt.Color("policy:N", title="policy",
+                        scale=alt.Scale(range=["#0072B2", "#E69F00", "#009E73", "#CC79A7",
+                                               "#56B4E9"])),
         strokeDash=alt.StrokeDash("policy:N", title="policy"),
         shape=alt.Shape("policy:N", title="policy"),
         tooltip=["run_id:N", "policy:N", "usable_blocks:Q", alt.Tooltip("value:Q", title=metric)],
-    ).properties(height=300)
+    ).properties(height=260)
+
+
+def occupancy_chart(occ_long: pd.DataFrame, usable: int | None, losses: pd.DataFrame,
+                    width: int | str = WIDTH) -> alt.LayerChart:
+    """The pool over seq (``data.occupancy_long``): a stacked step area (protected by claims,
+    held by requests, cached-unreferenced, free), the usable blocks as a dashed line, and every
+    loss (``data.run_losses``) as a tick above the pool, coloured by label."""
+    df = _thin_long(occ_long)
+    area = alt.Chart(df).mark_area(interpolate="step-after").encode(
+        x=alt.X("seq:Q", title="seq"),
+        y=alt.Y("blocks:Q", title="blocks", stack="zero"),
+        color=alt.Color("category:N", scale=_OCC_SCALE, sort=_OCC_DOMAIN, title="pool"),
+        order=alt.Order("order:Q"),
+        tooltip=["seq:Q", "category:N", "blocks:Q"])
+    layers: list[alt.Chart] = [area]
+    top = usable if usable is not None else int(occ_long.groupby("seq")["blocks"].sum().max())
+    if usable is not None:
+        layers.append(alt.Chart(pd.DataFrame({"usable_blocks": [usable]})).mark_rule(
+            color="#000000", strokeDash=[6, 4]).encode(
+            y="usable_blocks:Q", tooltip=[alt.Tooltip("usable_blocks:Q", title="usable blocks")]))
+    if len(losses):
+        marks = losses.assign(y=top * 1.04)
+        layers.append(alt.Chart(marks).mark_tick(thickness=2, size=14).encode(
+            x="seq:Q", y=alt.Y("y:Q"),
+            color=alt.Color("label:N", scale=_LABEL_SCALE, title="loss"),
+            tooltip=["seq:Q", "label:N", "blocks:Q",
+                     alt.Tooltip("by_request_id:N", title="by request")]))
+    return alt.layer(*layers).resolve_scale(color="independent").properties(
+        width=width, height=260, title="pool occupancy (every loss marked above the pool)")
+
+
+def _thin_long(df: pd.DataFrame) -> pd.DataFrame:
+    order = {k: i for i, k in enumerate(_OCC_DOMAIN)}
+    parts = [_thin(g) for _, g in df.groupby("category", sort=False)]
+    out = pd.concat(parts) if parts else df
+    return out.assign(order=out["category"].map(order))
+
+
+def lanes_chart(lanes: pd.DataFrame, marks: pd.DataFrame | None, title: str,
+                width: int | str = WIDTH, highlight: str | None = None) -> alt.LayerChart:
+    """One lane per claim or request (``data.claim_lanes`` / ``data.request_lanes``): states
+    as spans, end states as points, and (claims) each block loss as a tick coloured by label
+    (``data.claim_loss_marks``). ``highlight`` dims every other lane."""
+    order = list(dict.fromkeys(lanes["lane"]))
+    y = alt.Y("lane:N", sort=order, title=None,
+              axis=alt.Axis(labelLimit=220, labelOverlap=False))
+    opacity = (alt.condition(alt.datum.lane == highlight, alt.value(1.0), alt.value(0.35))
+               if highlight else alt.value(1.0))
+    spans = lanes[lanes["kind"] == "span"].dropna(subset=["end"])
+    ends = lanes[lanes["kind"] == "mark"]
+    present = [s for s in LANE_COLORS if s in set(lanes["state"])]
+    scale = alt.Scale(domain=present, range=[LANE_COLORS[s] for s in present])
+    layers: list[alt.Chart] = [
+        alt.Chart(spans).mark_bar(height=10).encode(
+            x=alt.X("start:Q", title="seq"), x2="end:Q", y=y,
+            color=alt.Color("state:N", scale=scale, title=f"{title}: state"), opacity=opacity,
+            tooltip=["lane:N", "tenant:N", "state:N", "start:Q", "end:Q"]),
+        alt.Chart(ends).mark_point(filled=True, size=80, shape="diamond").encode(
+            x="start:Q", y=y, color=alt.Color("state:N", scale=scale, legend=None),
+            opacity=opacity,
+            tooltip=["lane:N", "tenant:N", "state:N", alt.Tooltip("start:Q", title="seq")])]
+    if marks is not None and len(marks):
+        layers.append(alt.Chart(marks).mark_tick(thickness=3, size=16).encode(
+            x="seq:Q", y=alt.Y("lane:N", sort=order),
+            color=alt.Color("label:N", scale=_LABEL_SCALE, legend=None),
+            tooltip=["lane:N", "seq:Q", "label:N", "blocks:Q"]))
+    # the loss ticks have their own (label) colours; the end marks share the spans' legend
+    return alt.layer(*layers).resolve_scale(color="independent").properties(
+        width=width, height=max(60, 22 * len(order)), title=title)
+
+
+def timeline_chart(occ_long: pd.DataFrame, usable: int | None, losses: pd.DataFrame,
+                   claim_lanes: pd.DataFrame, claim_marks: pd.DataFrame,
+                   request_lanes: pd.DataFrame, highlight: str | None = None,
+                   width: int | str = WIDTH) -> alt.VConcatChart:
+    """The block-level timeline: the pool, then one lane per claim, then one per request,
+    on one shared seq axis."""
+    parts: list[alt.TopLevelMixin] = [occupancy_chart(occ_long, usable, losses, width)]
+    if len(claim_lanes):
+        parts.append(lanes_chart(claim_lanes, claim_marks, "claims", width, highlight))
+    if len(request_lanes):
+        parts.append(lanes_chart(request_lanes, None, "requests", width))
+    return alt.vconcat(*parts, spacing=12).resolve_scale(x="shared", color="independent")
 
 
 def claim_timeline_chart(lifecycle: pd.DataFrame, losses: pd.DataFrame) -> alt.LayerChart:
-    """A claim over seq: a vertical rule per lifecycle event (``data.claim_lifecycle``) and a
-    point per block loss at its position in the claim, coloured by label
-    (``data.claim_losses``)."""
+    """A claim over seq: a rule per lifecycle event (``data.claim_lifecycle``), coloured by
+    event and named in the legend (labels never overprint), and a point per block loss at its
+    position in the claim, coloured by label (``data.claim_losses``)."""
     events = lifecycle[["seq", "event"]]
-    rules = alt.Chart(events).mark_rule(strokeDash=[4, 3], color="#444").encode(
-        x=alt.X("seq:Q", title="seq"), tooltip=["event:N", "seq:Q"])
-    names = alt.Chart(events).mark_text(angle=270, align="right", baseline="bottom", dx=-2,
-                                        dy=-3, fontSize=11, color="#444").encode(
-        x="seq:Q", y=alt.value(0), text="event:N")
+    rules = alt.Chart(events).mark_rule(strokeDash=[4, 3], strokeWidth=2).encode(
+        x=alt.X("seq:Q", title="seq"),
+        color=alt.Color("event:N", title="lifecycle", scale=alt.Scale(
+            range=["#999999", "#56B4E9", "#0072B2", "#009E73", "#E69F00", "#CC79A7",
+                   "#000000", "#F0E442"])),
+        tooltip=["event:N", "seq:Q"])
     points = alt.Chart(losses[["seq", "position", "label", "block_id", "by_request_id"]]
                        ).mark_circle(size=45, opacity=0.9).encode(
         x=alt.X("seq:Q", title="seq"),
         y=alt.Y("position:Q", title="position in claim"),
         color=alt.Color("label:N", scale=_LABEL_SCALE, title="loss label"),
         tooltip=["seq:Q", "position:Q", "label:N", "block_id:Q", "by_request_id:N"])
-    return alt.LayerChart(layer=[rules, names, points], height=320)
-
-
-def occupancy_chart(occupancy: pd.DataFrame, usable: int | None) -> alt.LayerChart:
-    """Cached blocks over seq (``data.pool_occupancy``), a step line, with the pool's usable
-    blocks as a horizontal rule."""
-    line = alt.Chart(occupancy).mark_line(interpolate="step-after").encode(
-        x=alt.X("seq:Q", title="seq"), y=alt.Y("cached_blocks:Q", title="cached blocks"),
-        tooltip=["seq:Q", "change:N", "cached_blocks:Q"])
-    layers: list[alt.Chart] = [line]
-    if usable is not None:
-        layers.append(alt.Chart(pd.DataFrame({"usable_blocks": [usable]})).mark_rule(
-            color="#d62728", strokeDash=[6, 4]).encode(y="usable_blocks:Q",
-                                                        tooltip=["usable_blocks:Q"]))
-    return alt.LayerChart(layer=layers, height=320)
+    return alt.layer(rules, points).resolve_scale(color="independent").properties(height=280)
 
 
 def loss_label_chart(labels: pd.DataFrame) -> alt.Chart:
-    """Blocks lost per run, stacked by label (``data.loss_labels``)."""
-    return alt.Chart(labels).mark_bar().encode(
+    """Blocks lost per run, stacked by label, harm first (``data.loss_labels``)."""
+    order = {k: i for i, k in enumerate(LABELS)}
+    df = labels.assign(order=labels["label"].map(order))
+    return alt.Chart(df).mark_bar().encode(
         y=alt.Y("run_id:N", title=None, sort=None,
                 axis=alt.Axis(labelLimit=400, labelOverlap=False)),
         x=alt.X("blocks_lost:Q", title="blocks lost"),
         color=alt.Color("label:N", scale=_LABEL_SCALE, title="label"),
-        order=alt.Order("label:N"),
+        order=alt.Order("order:Q"),
         tooltip=["run_id:N", "label:N", "blocks_lost:Q", "first_seq:Q", "last_seq:Q",
                  "from_reset:Q"],
     ).properties(height=max(120, 24 * labels["run_id"].nunique()))
+
+
+def headline_chart(headline: pd.DataFrame, width: int | str = WIDTH) -> alt.Chart:
+    """Blocks lost per run by label (every loss in the run), harm first, runs in order."""
+    rows = [{"run_id": r["run_id"], "label": k, "blocks": int(r[f"lost_{k}"]),
+             "order": i} for _, r in headline.iterrows() for i, k in enumerate(LABELS)
+            if r[f"lost_{k}"]]
+    df = pd.DataFrame(rows, columns=["run_id", "label", "blocks", "order"])
+    return alt.Chart(df).mark_bar().encode(
+        y=alt.Y("run_id:N", title=None, sort=list(headline["run_id"]),
+                axis=alt.Axis(labelLimit=400, labelOverlap=False)),
+        x=alt.X("blocks:Q", title="blocks lost, by label"),
+        color=alt.Color("label:N", scale=_LABEL_SCALE, title="label"),
+        order=alt.Order("order:Q"),
+        tooltip=["run_id:N", "label:N", "blocks:Q"],
+    ).properties(width=width, height=max(60, 20 * len(headline)),
+                 title="blocks lost per run (harm is the alarming colour)")
+
+
+def to_svg(chart: alt.TopLevelMixin) -> str:
+    """The chart as a standalone SVG, rendered offline (no network, no browser)."""
+    import vl_convert
+
+    return vl_convert.vegalite_to_svg(chart.to_json())
+
+
+def to_png(chart: alt.TopLevelMixin, scale: float = 1.25) -> bytes:
+    """The chart as a PNG, rendered offline with its own fonts (text laid out exactly as
+    measured, whatever fonts the viewer has)."""
+    import vl_convert
+
+    return vl_convert.vegalite_to_png(chart.to_json(), scale=scale)

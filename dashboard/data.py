@@ -1,6 +1,6 @@
 """The dashboard's data: run directories in, the DataFrames each page shows out.
 
-Data flows one way (DESIGN.md §6): run directories -> ``reconstruct.loader.load_runs`` ->
+Data flows one way (docs/design.md): run directories -> ``reconstruct.loader.load_runs`` ->
 ``queries.audit`` (the reconstructor, then ``queries.apply``) -> the documented views. Nothing here
 imports the recorder's scheduler or vLLM, and no number is computed here that a view or a
 reconstructed table does not already hold: these functions select, filter and reshape.
@@ -17,6 +17,7 @@ themselves (which reconstructs them)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +36,11 @@ NOT_RUN_FOLDERS: Final[frozenset[str]] = frozenset({"arbiter-prototype"})
 
 #: Loss labels, most severe first (docs/reconstruction.md), and the colour each page uses.
 LABELS: Final[tuple[str, ...]] = ("harm", "unknown", "expiry", "relaxation", "eviction")
+#: NOTE: colour-blind-safe (Okabe-Ito hues); harm is the one alarming colour (vermillion),
+#: every other label is a calm blue/grey so that harm stands out under any colour vision.
 LABEL_COLORS: Final[dict[str, str]] = {
-    "harm": "#d62728", "unknown": "#7f7f7f", "expiry": "#ff7f0e", "relaxation": "#1f77b4",
-    "eviction": "#2ca02c"}
+    "harm": "#D55E00", "unknown": "#000000", "expiry": "#56B4E9", "relaxation": "#0072B2",
+    "eviction": "#BBBBBB"}
 #: The L1-L7 checks, then the invariants, in the order the conformance page lists them.
 CHECKS: Final[tuple[str, ...]] = (
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "INV_no_harm_without_acceptance",
@@ -70,14 +73,27 @@ class Audit:
     claim_events: pd.DataFrame
     claim_losses: pd.DataFrame
     truncations: tuple[str, ...] = field(default_factory=tuple)
+    #: reconstructed tables and derived series: requests, feasibility, claims,
+    #: losses_by_label, losses, occupancy (see ``load_audit``)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     @property
     def run_ids(self) -> list[str]:
-        """Every run, in run_id order."""
+        """Every run, in natural run_id order (``-80`` before ``-100``)."""
         return self.runs["run_id"].tolist()
 
 
 Source: TypeAlias = "Audit | Sequence[PathLike]"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
+
+
+def md_text(text: object) -> str:
+    """Plain text made safe for (Streamlit) markdown: every markdown and HTML character is
+    backslash-escaped, so ``![x](http://evil/x.png)`` or ``<img src=...>`` from a trace is
+    shown as those characters and never fetches anything."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
 
 
 # -- input ---------------------------------------------------------------------------------------
@@ -116,6 +132,22 @@ def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
 
 # -- reconstruction ------------------------------------------------------------------------------
 
+def open_audit(paths: Sequence[PathLike],
+               progress: Callable[[str], None] | None = None) -> tuple[Any, Any]:
+    """The one place the dashboard opens an audit: ``(con, trace)`` where ``con.sql(text)``
+    returns a DuckDB relation over ``events``, the reconstructed tables and the documented
+    views, and ``trace`` carries ``manifests``, ``run_dirs`` and ``truncations``.
+
+    NOTE: every page reads through this function, so switching to the audit facade
+    (``kvclaims.open(paths)``) is a one-line change here.
+    """
+    import queries
+    from reconstruct.loader import load_runs
+
+    trace = load_runs(list(paths))
+    return queries.audit(trace, progress=progress), trace
+
+
 def load_audit(paths: Sequence[PathLike],
                progress: Callable[[str], None] | None = None) -> Audit:
     """Load and reconstruct the run directories ``paths`` names (run or sweep directories),
@@ -124,16 +156,24 @@ def load_audit(paths: Sequence[PathLike],
     Raises ``recorder.schema.InputError`` (a ``TraceError``, naming the file) when a path is
     not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
     """
-    import queries
-    from reconstruct.loader import load_runs
-
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if not paths:
         raise InputError("no run directories given")
-    trace = load_runs(list(paths))
-    con = queries.audit(trace, progress=progress)
+    con, trace = open_audit(paths, progress)
+    runs = pd.DataFrame([{
+        "run_id": rid, "scenario": m.get("scenario") or _scenario_from_run_id(rid, m),
+        "policy": m.get("policy"), "usable_blocks": m.get("usable_blocks"),
+        "complete": bool(m.get("complete")), "run_dir": str(trace.run_dirs.get(rid, "")),
+        "utc_start_ns": _utc_anchor(m)[0], "mono_start_ns": _utc_anchor(m)[1]}
+        for rid, m in sorted(trace.manifests.items(), key=lambda kv: natural_key(kv[0]))],
+        columns=["run_id", "scenario", "policy", "usable_blocks", "complete", "run_dir",
+                 "utc_start_ns", "mono_start_ns"])
     try:
+        if progress:
+            progress("dashboard tables")
+        last = con.sql("SELECT run_id, max(seq) AS last_seq FROM events GROUP BY run_id").df()
+        runs = runs.merge(last, on="run_id", how="left")
         views = {v: con.sql(f"SELECT * FROM {v}").df() for v in _VIEWS}
         findings = con.sql("SELECT * REPLACE (block_hash::VARCHAR AS block_hash) FROM findings "
                            "ORDER BY run_id, seq NULLS LAST, kind").df()
@@ -152,19 +192,164 @@ def load_audit(paths: Sequence[PathLike],
                    block_hash::VARCHAR AS block_hash, by_request_id, decided_by_seq,
                    breaks_predicate, broken_seq
             FROM loss_claims ORDER BY run_id, claim_id, seq, position""").df()
+        tables = {
+            "requests": con.sql("""
+                SELECT r.*, a.first_alloc_seq FROM requests r LEFT JOIN (
+                    SELECT run_id, request_id, min(seq) AS first_alloc_seq FROM events
+                    WHERE event IN ('block_allocated', 'block_hit') GROUP BY ALL) a
+                USING (run_id, request_id) ORDER BY run_id, arrived_seq""").df(),
+            "feasibility": con.sql("SELECT * FROM feasibility ORDER BY run_id, seq").df(),
+            "claims": con.sql("SELECT * FROM claims ORDER BY run_id, submitted_seq").df(),
+            "losses_by_label": con.sql("""
+                SELECT run_id, label, count(*) AS blocks FROM losses GROUP BY ALL""").df(),
+            "losses": con.sql("""
+                SELECT run_id, seq, ts_ns, label, by_request_id, cause FROM losses
+                ORDER BY run_id, seq""").df(),
+            "occupancy": _occupancy(con, runs),
+        }
     finally:
         con.close()
     views["claim_outcomes"] = views["claim_outcomes"].merge(
         bound, on=["run_id", "claim_id"], how="left").astype({"bound_blocks": "Int64"})
-    runs = pd.DataFrame([{
-        "run_id": rid, "scenario": m.get("scenario") or _scenario_from_run_id(rid, m),
-        "policy": m.get("policy"), "usable_blocks": m.get("usable_blocks"),
-        "complete": bool(m.get("complete")), "run_dir": str(trace.run_dirs.get(rid, ""))}
-        for rid, m in sorted(trace.manifests.items())],
-        columns=["run_id", "scenario", "policy", "usable_blocks", "complete", "run_dir"])
     return Audit(paths=tuple(str(p) for p in paths), runs=runs, views=views, findings=findings,
                  conformance=conformance, claim_events=claim_events, claim_losses=claim_losses,
-                 truncations=tuple(trace.truncations))
+                 truncations=tuple(trace.truncations), tables=tables)
+
+
+def natural_key(text: Any) -> tuple[Any, ...]:
+    """Sort key that orders embedded numbers numerically (``-80`` before ``-100``)."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(text)))
+
+
+def _utc_anchor(manifest: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``(utc_ns, monotonic_ns)`` of the run's start, where the manifest has a wall clock.
+
+    NOTE: the manifest's clock anchor (issue 12 item 1) is being added concurrently; this
+    reads ``clock: {utc_ns | utc, monotonic_ns}`` or top-level ``started_utc_ns`` /
+    ``started_monotonic_ns``; anything else means "no clock" (UTC is then not shown).
+    """
+    clock = manifest.get("clock") if isinstance(manifest.get("clock"), dict) else {}
+    utc = clock.get("utc_ns", manifest.get("started_utc_ns"))
+    if utc is None and isinstance(clock.get("utc"), str):
+        try:
+            utc = int(pd.Timestamp(clock["utc"]).value)
+        except (ValueError, TypeError):
+            utc = None
+    mono = clock.get("monotonic_ns", manifest.get("started_monotonic_ns"))
+    if not isinstance(utc, int) or not isinstance(mono, int):
+        return None, None
+    return utc, mono
+
+
+#: The block-level occupancy, per run and change, computed in one vectorised DuckDB pass.
+#: NOTE: categories are exclusive and taken in this order: protected (content bound to a claim
+#: in force, in a pinning mode, under an enforcing policy; held or not — the runtime's own
+#: ``protected_blocks``), held (referenced by a request), cached (content, unreferenced:
+#: evictable), free (the rest of ``usable_blocks``). free + cached is vLLM's free queue.
+_OCCUPANCY_SQL: Final[str] = """
+WITH be AS (
+    SELECT run_id, seq, ts_ns, block_id,
+           CASE event WHEN 'block_freed' THEN -1 WHEN 'block_cached' THEN 0 WHEN 'block_evicted'
+                THEN 0 ELSE 1 END AS dref,
+           event IN ('block_cached', 'block_hit', 'block_evicted') AS cset,
+           CASE WHEN event IN ('block_cached', 'block_hit') THEN block_hash END AS h
+    FROM events
+    WHERE event IN ('block_allocated', 'block_hit', 'block_freed', 'block_cached',
+                    'block_evicted') AND block_id IS NOT NULL
+    UNION ALL  -- a cache reset empties every block holding content (synthetic loss rows)
+    SELECT run_id, seq, ts_ns, block_id, 0, true, NULL FROM losses WHERE synthetic
+), content AS (  -- each block's content intervals [c_from, c_to)
+    SELECT run_id, block_id, seq AS c_from, h,
+           coalesce(lead(seq) OVER (PARTITION BY run_id, block_id ORDER BY seq),
+                    9223372036854775807) AS c_to
+    FROM be WHERE cset
+), bind AS (
+    SELECT run_id, claim_id, block_hash AS h, seq AS b_from,
+           coalesce(lead(seq) OVER (PARTITION BY run_id, claim_id, position ORDER BY seq),
+                    9223372036854775807) AS b_to
+    FROM events WHERE event = 'claim_bound'
+), run_modes AS (  -- each run's policy: does it enforce claims, and the default mode
+    SELECT e.run_id, p.enforce, p.default_mode
+    FROM events e JOIN (VALUES {policies}) p(policy, enforce, default_mode)
+      ON p.policy = e.policy
+    WHERE e.event = 'run_started'
+), force AS (
+    SELECT c.run_id, c.claim_id, c.accepted_seq AS f_from,
+           coalesce(c.release_seq, 9223372036854775807) AS f_to
+    FROM claims c JOIN run_modes m ON m.run_id = c.run_id
+    WHERE m.enforce AND c.accepted_seq IS NOT NULL
+      AND coalesce(c.protection_mode, m.default_mode) IN ({pinning})
+), prot AS (  -- content hashes protected, per claim binding in force
+    SELECT b.run_id, b.h, greatest(b.b_from, f.f_from) AS p_from, least(b.b_to, f.f_to) AS p_to
+    FROM bind b JOIN force f ON f.run_id = b.run_id AND f.claim_id = b.claim_id
+    WHERE greatest(b.b_from, f.f_from) < least(b.b_to, f.f_to)
+), overlap AS (  -- a block is protected while its content overlaps a protected interval
+    SELECT c.run_id, c.block_id, greatest(c.c_from, p.p_from) AS o_from,
+           least(c.c_to, p.p_to) AS o_to
+    FROM content c JOIN prot p ON p.run_id = c.run_id AND p.h = c.h
+    WHERE greatest(c.c_from, p.p_from) < least(c.c_to, p.p_to)
+), pts AS (  -- every change point of every block
+    SELECT run_id, block_id, seq, max(ts_ns) AS ts_ns, sum(dref) AS dref, sum(dp) AS dp,
+           max(CASE WHEN cset THEN (h IS NOT NULL)::INT END) AS has
+    FROM (SELECT run_id, block_id, seq, ts_ns, dref, 0 AS dp, cset, h FROM be
+          UNION ALL SELECT run_id, block_id, o_from, NULL, 0, 1, false, NULL FROM overlap
+          UNION ALL SELECT run_id, block_id, o_to, NULL, 0, -1, false, NULL FROM overlap
+                    WHERE o_to < 9223372036854775807)
+    GROUP BY ALL
+), cat AS (
+    SELECT run_id, block_id, seq, ts_ns,
+           CASE WHEN has_content AND prot > 0 THEN 1  -- protected
+                WHEN refs > 0 THEN 2                  -- held
+                WHEN has_content THEN 3               -- cached
+                ELSE 0 END AS cat                     -- free
+    FROM (SELECT run_id, block_id, seq, ts_ns,
+                 sum(dref) OVER w AS refs, sum(dp) OVER w AS prot,
+                 coalesce(last_value(has IGNORE NULLS) OVER w, 0) = 1 AS has_content
+          FROM pts WINDOW w AS (PARTITION BY run_id, block_id ORDER BY seq
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+), moves AS (
+    SELECT run_id, seq, ts_ns, cat,
+           lag(cat, 1, 0) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev
+    FROM cat
+), steps AS (
+    SELECT run_id, seq, max(ts_ns) AS ts_ns,
+           sum((cat = 1)::INT - (prev = 1)::INT) AS d_protected,
+           sum((cat = 2)::INT - (prev = 2)::INT) AS d_held,
+           sum((cat = 3)::INT - (prev = 3)::INT) AS d_cached
+    FROM moves WHERE cat <> prev GROUP BY ALL
+)
+SELECT run_id, seq, ts_ns,
+       sum(d_protected) OVER w AS protected,
+       sum(d_held) OVER w AS held,
+       sum(d_cached) OVER w AS cached
+FROM steps
+WINDOW w AS (PARTITION BY run_id ORDER BY seq
+             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+ORDER BY run_id, seq
+"""
+
+
+def _occupancy(con: Any, runs: pd.DataFrame) -> pd.DataFrame:
+    """Pool occupancy by category after every change (``_OCCUPANCY_SQL``), plus ``free``.
+
+    NOTE: only the code's own constants (policy names, modes) are formatted into the SQL,
+    never a trace string; the runs' policies are joined from ``run_started`` in SQL.
+    """
+    from recorder.policies import POLICIES
+    from recorder.schema import PINNING_MODES
+
+    def lit(v: str) -> str:
+        return "'" + v.replace("'", "''") + "'"
+
+    policies = ", ".join(f"({lit(p.name)}, {str(bool(p.enforce)).lower()}, "
+                         f"{lit(p.default_mode)})" for p in POLICIES.values())
+    pinning = ", ".join(lit(m) for m in sorted(PINNING_MODES))
+    df = con.sql(_OCCUPANCY_SQL.format(policies=policies, pinning=pinning)).df()
+    usable = runs.set_index("run_id")["usable_blocks"]
+    df = df.astype({"protected": "int64", "held": "int64", "cached": "int64"})
+    df["usable_blocks"] = df["run_id"].map(usable).astype("Int64")
+    df["free"] = df["usable_blocks"] - df["protected"] - df["held"] - df["cached"]
+    return df
 
 
 def _scenario_from_run_id(run_id: str, manifest: dict[str, Any]) -> str:
@@ -193,16 +378,97 @@ def _isna(x: Any) -> bool:
         return False
 
 
+# -- Headline ------------------------------------------------------------------------------------
+
+#: Verdicts as the conformance page names them. NOTE: a check that nothing in the run exercised
+#: (``not_exercised``, formerly ``not_applicable``) is never shown or counted as a pass.
+VERDICTS: Final[tuple[str, ...]] = ("fail", "unknown", "pass", "not_exercised")
+
+
+def _verdict(v: Any) -> str:
+    return "not_exercised" if v in ("not_applicable", "not_exercised") else str(v)
+
+
+def headline(source: Source) -> pd.DataFrame:
+    """One row per run, the figures an operator asks for first: claims harmed, blocks lost
+    by label (every loss in the run), requests refused / deferred / preempted, findings and
+    failing checks; runs in natural order (``-80`` before ``-100``)."""
+    a = _audit(source)
+    runs = a.runs[["run_id", "scenario", "policy", "usable_blocks"]].copy()
+    claims = a.tables["claims"]
+    req = a.tables["requests"]
+    lost = a.tables["losses_by_label"].pivot_table(index="run_id", columns="label",
+                                                   values="blocks", aggfunc="sum")
+    out = runs.set_index("run_id")
+    out["claims"] = claims.groupby("run_id").size()
+    out["claims_harmed"] = claims[claims["outcome"] == "harmed"].groupby("run_id").size()
+    for label in LABELS:
+        out[f"lost_{label}"] = lost[label] if label in lost.columns else 0
+    out["requests"] = req.groupby("run_id").size()
+    for outcome, col in (("refused", "refused"), ("preempted", "preempted")):
+        out[col] = req[req["outcome"] == outcome].groupby("run_id").size()
+    out["deferred"] = req[req["deferrals"].fillna(0) > 0].groupby("run_id").size()
+    out["findings"] = a.findings.groupby("run_id").size()
+    conf = a.conformance.assign(verdict=a.conformance["verdict"].map(_verdict))
+    out["checks_failed"] = conf[conf["verdict"] == "fail"].groupby("run_id").size()
+    out["checks_unknown"] = conf[conf["verdict"] == "unknown"].groupby("run_id").size()
+    counts = [c for c in out.columns if c not in ("scenario", "policy", "usable_blocks")]
+    out[counts] = out[counts].fillna(0).astype("int64")
+    return out.reset_index()
+
+
+def headline_text(row: Any) -> str:
+    """One run's headline as a plain sentence (no markup: it may quote trace strings)."""
+    r = row if isinstance(row, dict) else row._asdict() if hasattr(row, "_asdict") else dict(row)
+    lost = ", ".join(f"{r[f'lost_{k}']} {k}" for k in LABELS if r[f"lost_{k}"])
+    parts = [f"{r['claims_harmed']} of {r['claims']} claims harmed",
+             f"blocks lost: {lost or 'none'}",
+             f"{r['refused']} of {r['requests']} requests refused"]
+    if r["deferred"]:
+        parts.append(f"{r['deferred']} deferred")
+    if r["preempted"]:
+        parts.append(f"{r['preempted']} preempted")
+    if r["checks_failed"] or r["checks_unknown"]:
+        parts.append(f"{r['checks_failed']} checks failed, {r['checks_unknown']} unknown")
+    return "; ".join(parts)
+
+
+def summary_text(source: Source) -> str:
+    """The whole audit in one line: runs, claims harmed, harm blocks, refusals, checks."""
+    h = headline(source)
+    harmed_runs = int((h["claims_harmed"] > 0).sum())
+    return (f"{len(h)} runs: {int(h['claims_harmed'].sum())} claims harmed in {harmed_runs} "
+            f"runs ({int(h['lost_harm'].sum())} blocks lost as harm, "
+            f"{int(h['lost_unknown'].sum())} unknown); {int(h['refused'].sum())} requests "
+            f"refused; {int(h['checks_failed'].sum())} checks failed, "
+            f"{int(h['checks_unknown'].sum())} unknown.")
+
+
 # -- Capacity sweep ------------------------------------------------------------------------------
+
+#: The sweep table's columns, decisive first, with titles that say what they count.
+SWEEP_TITLES: Final[dict[str, str]] = {
+    "policy": "policy", "usable_blocks": "usable blocks", "active_outcome": "active request",
+    "resident_blocks_lost": "resident blocks lost", "claim_outcome": "claim outcome",
+    "harm": "of those: harm", "shortfall_blocks": "shortfall at refusal",
+    "blocking_claim_ids": "refusal named", "unknown": "of those: unknown",
+    "expiry": "of those: expiry", "relaxation": "of those: relaxation",
+    "eviction": "of those: eviction", "blocks_lost": "all blocks lost (any request)",
+    "run_id": "run", "scenario": "scenario"}
+
 
 def capacity_sweep(source: Source, scenario: str | None = None) -> pd.DataFrame:
     """The ``capacity_sweep`` view (one row per run), with the run's scenario; only
-    ``scenario``'s runs if given. ``blocking_claim_ids`` as comma-separated text."""
+    ``scenario``'s runs if given; decisive columns first (``SWEEP_TITLES`` order), rows by
+    policy then usable blocks numerically. ``blocking_claim_ids`` as comma-separated text."""
     a = _audit(source)
     df = a.views["capacity_sweep"].merge(a.runs[["run_id", "scenario"]], on="run_id", how="left")
     if scenario is not None:
         df = df[df["scenario"] == scenario]
-    cols = ["scenario", *[c for c in df.columns if c != "scenario"]]
+    df = df.sort_values(["policy", "usable_blocks", "run_id"],
+                        key=lambda c: c.map(natural_key) if c.dtype == object else c)
+    cols = [c for c in SWEEP_TITLES if c in df.columns]
+    cols += [c for c in df.columns if c not in cols]
     return _lists_to_text(df[cols], ["blocking_claim_ids"]).reset_index(drop=True)
 
 
@@ -228,10 +494,23 @@ def sweep_series(source: Source, scenario: str | None = None) -> pd.DataFrame:
 
 # -- Claims --------------------------------------------------------------------------------------
 
+#: claim_outcomes columns, decisive first.
+CLAIM_COLUMNS: Final[tuple[str, ...]] = (
+    "claim_id", "tenant", "outcome", "blocks_lost_harm", "value_lost", "run_id",
+    "protection_mode", "blocks_lost_unknown", "blocks_lost_expiry", "blocks_lost_relaxation",
+    "blocks_lost_eviction", "bound_blocks", "first_harm_seq", "first_harm_by_request_id",
+    "materialized_seq", "release_seq")
+
+
 def claim_outcomes(source: Source) -> pd.DataFrame:
     """The ``claim_outcomes`` view (one row per run and claim), plus ``bound_blocks``: how
-    many positions the claim bound (``claim_bound`` events)."""
-    return _audit(source).views["claim_outcomes"].reset_index(drop=True)
+    many positions the claim bound (``claim_bound`` events); decisive columns first, harmed
+    claims (most harm) first."""
+    df = _audit(source).views["claim_outcomes"]
+    df = df.sort_values(["blocks_lost_harm", "run_id", "claim_id"], ascending=[False, True, True],
+                        kind="stable")
+    cols = [c for c in CLAIM_COLUMNS if c in df.columns]
+    return df[cols + [c for c in df.columns if c not in cols]].reset_index(drop=True)
 
 
 def claim_keys(source: Source) -> list[tuple[str, str]]:
@@ -256,7 +535,210 @@ def claim_losses(source: Source, run_id: str, claim_id: str) -> pd.DataFrame:
     return df[(df["run_id"] == run_id) & (df["claim_id"] == claim_id)].reset_index(drop=True)
 
 
-# -- Pool occupancy ------------------------------------------------------------------------------
+def harmed_claims(source: Source, run_id: str | None = None) -> list[tuple[str, str]]:
+    """``(run_id, claim_id)`` of every claim that lost blocks as harm, most harm first."""
+    df = claim_outcomes(source)
+    df = df[df["blocks_lost_harm"] > 0]
+    if run_id is not None:
+        df = df[df["run_id"] == run_id]
+    return list(zip(df["run_id"], df["claim_id"]))
+
+
+def harm_evictors(source: Source, run_id: str, claim_id: str) -> pd.DataFrame:
+    """The requests whose allocations evicted a claim's blocks as harm, and why each was
+    admitted: its admission row of ``feasibility`` (demand, protected, usable, free, policy,
+    enforcing) and a plain sentence. One row per evicting request, most blocks first."""
+    a = _audit(source)
+    lost = claim_losses(a, run_id, claim_id)
+    lost = lost[lost["label"] == "harm"]
+    if lost.empty:
+        return pd.DataFrame(columns=["request_id", "tenant", "harm_blocks", "first_seq",
+                                     "admitted_seq", "why"])
+    by = lost.groupby(lost["by_request_id"].fillna("(unknown)")).agg(
+        harm_blocks=("seq", "size"), first_seq=("seq", "min")).reset_index()
+    by = by.rename(columns={"by_request_id": "request_id"})
+    req = a.tables["requests"]
+    req = req[req["run_id"] == run_id][["request_id", "tenant"]]
+    feas = a.tables["feasibility"]
+    feas = feas[(feas["run_id"] == run_id) & (feas["decision"] == "admitted")]
+    feas = feas.drop_duplicates("request_id", keep="last")[
+        ["request_id", "seq", "blocks_required", "protected_blocks", "usable_blocks",
+         "free_blocks", "feasible", "policy", "enforcing"]].rename(columns={"seq": "admitted_seq"})
+    out = by.merge(req, on="request_id", how="left").merge(feas, on="request_id", how="left")
+    out["why"] = [_why_admitted(r) for r in out.itertuples(index=False)]
+    out = out.sort_values(["harm_blocks", "first_seq"], ascending=[False, True])
+    first = ["request_id", "tenant", "harm_blocks", "first_seq", "admitted_seq", "why"]
+    return out[first + [c for c in out.columns if c not in first]].reset_index(drop=True)
+
+
+def _why_admitted(r: Any) -> str:
+    """Why a request that evicted claimed blocks was admitted, from its feasibility row."""
+    if pd.isna(getattr(r, "admitted_seq", None)):
+        return "no admission decision recorded for this request (unknown)"
+    need, prot, usable = int(r.blocks_required), int(r.protected_blocks), int(r.usable_blocks)
+    fits = "fits" if need + prot <= usable else "does not fit"
+    if not bool(r.enforcing):
+        return (f"admitted at seq {int(r.admitted_seq)}: policy {r.policy} does not enforce "
+                f"claims, so nothing protected the claim; it needed {need} blocks with {prot} "
+                f"protected of {usable} usable ({need} + {prot} {fits} in {usable}).")
+    return (f"admitted at seq {int(r.admitted_seq)} under {r.policy}: {need} needed + {prot} "
+            f"protected {fits} in {usable} usable; the claim's mode did not pin its blocks.")
+
+
+# -- Timeline (block level) ------------------------------------------------------------------------
+
+#: Occupancy categories, bottom to top of the stack, and their colours (colour-blind safe).
+OCCUPANCY: Final[tuple[str, ...]] = ("protected", "held", "cached", "free")
+OCCUPANCY_COLORS: Final[dict[str, str]] = {
+    "protected": "#0072B2", "held": "#009E73", "cached": "#F0E442", "free": "#E8E8E8"}
+OCCUPANCY_TITLES: Final[dict[str, str]] = {
+    "protected": "protected by claims", "held": "held by requests",
+    "cached": "cached, unreferenced", "free": "free"}
+
+
+def _with_utc(a: Audit, run_id: str, df: pd.DataFrame, ts: str = "ts_ns") -> pd.DataFrame:
+    """Add ``utc`` (a timestamp) where the run's manifest has a clock anchor."""
+    row = a.runs[a.runs["run_id"] == run_id]
+    if row.empty or pd.isna(row["utc_start_ns"].iloc[0]) or ts not in df.columns:
+        return df
+    utc0, mono0 = int(row["utc_start_ns"].iloc[0]), int(row["mono_start_ns"].iloc[0])
+    return df.assign(utc=pd.to_datetime(df[ts] - mono0 + utc0, unit="ns", utc=True))
+
+
+def has_clock(source: Source, run_id: str) -> bool:
+    """Whether the run's manifest anchors its monotonic clock to UTC."""
+    row = _audit(source).runs.query("run_id == @run_id")
+    return bool(len(row)) and not pd.isna(row["utc_start_ns"].iloc[0])
+
+
+def occupancy(source: Source, run_id: str) -> pd.DataFrame:
+    """The pool after every change, by category (protected by claims, held by requests,
+    cached-unreferenced, free), one row per change: ``seq, ts_ns, protected, held, cached,
+    free, usable_blocks`` (and ``utc`` where the run has a clock)."""
+    a = _audit(source)
+    df = a.tables["occupancy"]
+    return _with_utc(a, run_id, df[df["run_id"] == run_id].reset_index(drop=True))
+
+
+def occupancy_long(source: Source, run_id: str) -> pd.DataFrame:
+    """``occupancy`` in long format for a stacked area: ``seq, category, blocks``."""
+    df = occupancy(source, run_id)
+    return df.melt(id_vars=["seq"], value_vars=list(OCCUPANCY), var_name="category",
+                   value_name="blocks").assign(
+        category=lambda d: d["category"].map(OCCUPANCY_TITLES))
+
+
+def run_losses(source: Source, run_id: str) -> pd.DataFrame:
+    """Every loss of a run as a mark: ``seq, label, blocks`` (losses at one seq summed) and
+    the requests that caused them."""
+    df = _audit(source).tables["losses"]
+    df = df[df["run_id"] == run_id]
+    if df.empty:
+        return pd.DataFrame(columns=["seq", "label", "blocks", "by_request_id"])
+    return df.groupby(["seq", "label"]).agg(
+        blocks=("ts_ns", "size"),
+        by_request_id=("by_request_id", lambda v: ", ".join(sorted(set(v.dropna()))))
+    ).reset_index()
+
+
+def request_lanes(source: Source, run_id: str) -> pd.DataFrame:
+    """One lane per request: spans ``queued`` (arrival to a decision), ``deferred`` (first
+    deferral to admission or refusal), ``running`` (admission to finish), and an end mark
+    (``served``, ``refused``, ``preempted``, ``aborted``...) from the ``requests`` table."""
+    a = _audit(source)
+    req = a.tables["requests"]
+    req = req[req["run_id"] == run_id]
+    end_of_run = _last_seq(a, run_id)
+    rows: list[dict[str, Any]] = []
+    for r in req.itertuples(index=False):
+        decided = _first(r.first_deferred_seq, r.first_alloc_seq, r.admitted_seq, r.refused_seq,
+                         r.finished_seq)
+        ended = _first(r.finished_seq, end_of_run)
+        lane = r.request_id
+        if decided is not None and r.arrived_seq is not None and decided > r.arrived_seq:
+            rows.append(_span(lane, r.tenant, "queued", r.arrived_seq, decided))
+        if not _na(r.first_deferred_seq):
+            rows.append(_span(lane, r.tenant, "deferred", r.first_deferred_seq,
+                              _first(r.admitted_seq, r.refused_seq, ended)))
+        # NOTE: the recorder emits request_admitted after the step's allocations: a request
+        # runs from its first allocation (or hit) when that comes before its admission event.
+        started = _first(min(v for v in (r.admitted_seq, r.first_alloc_seq) if not _na(v))
+                         if not (_na(r.admitted_seq) and _na(r.first_alloc_seq)) else None)
+        if started is not None:
+            rows.append(_span(lane, r.tenant, "running", started, ended))
+        rows.append({"lane": lane, "tenant": r.tenant, "state": str(r.outcome),
+                     "start": _first(r.refused_seq, r.last_preempted_seq
+                                     if r.outcome == "preempted" else None, ended),
+                     "end": None, "kind": "mark"})
+    return pd.DataFrame(rows, columns=["lane", "tenant", "state", "start", "end", "kind"])
+
+
+def claim_lanes(source: Source, run_id: str) -> pd.DataFrame:
+    """One lane per claim: spans ``submitted`` (to acceptance or rejection), ``accepted``
+    (to materialization), ``in force`` (materialized, to its release or the end), and
+    ``demoted`` / ``expired`` / ``released`` after a release; rejections as marks."""
+    a = _audit(source)
+    claims = a.tables["claims"]
+    claims = claims[claims["run_id"] == run_id]
+    end_of_run = _last_seq(a, run_id)
+    after = {"claim_demoted": "demoted", "claim_expired": "expired",
+             "claim_released": "released"}
+    rows: list[dict[str, Any]] = []
+    for c in claims.itertuples(index=False):
+        lane, t = c.claim_id, c.tenant
+        decided = _first(c.accepted_seq, c.rejected_seq)
+        if decided is not None and not _na(c.submitted_seq):
+            rows.append(_span(lane, t, "submitted", c.submitted_seq, decided))
+        if not _na(c.rejected_seq) and _na(c.accepted_seq):
+            rows.append({"lane": lane, "tenant": t, "state": "rejected",
+                         "start": int(c.rejected_seq), "end": None, "kind": "mark"})
+            continue
+        if _na(c.accepted_seq):
+            continue
+        release = _first(c.release_seq)
+        if not _na(c.materialized_seq):
+            rows.append(_span(lane, t, "accepted", c.accepted_seq, c.materialized_seq))
+            rows.append(_span(lane, t, "in force", c.materialized_seq,
+                              _first(release, end_of_run)))
+        else:
+            rows.append(_span(lane, t, "accepted", c.accepted_seq, _first(release, end_of_run)))
+        if release is not None:
+            rows.append(_span(lane, t, after.get(c.release_event, "released"), release,
+                              end_of_run))
+    return pd.DataFrame(rows, columns=["lane", "tenant", "state", "start", "end", "kind"])
+
+
+def claim_loss_marks(source: Source, run_id: str) -> pd.DataFrame:
+    """Every claim's block losses as marks on its lane: ``lane, seq, label, blocks``."""
+    df = _audit(source).claim_losses
+    df = df[df["run_id"] == run_id]
+    return (df.groupby(["claim_id", "seq", "label"]).size().rename("blocks").reset_index()
+            .rename(columns={"claim_id": "lane"}))
+
+
+def _last_seq(a: Audit, run_id: str) -> int | None:
+    row = a.runs[a.runs["run_id"] == run_id]
+    return None if row.empty or pd.isna(row["last_seq"].iloc[0]) else int(row["last_seq"].iloc[0])
+
+
+def _na(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and pd.isna(v)) or v is pd.NA or v is pd.NaT
+
+
+def _first(*values: Any) -> int | None:
+    """The first value that is present, as an int."""
+    for v in values:
+        if not _na(v):
+            return int(v)
+    return None
+
+
+def _span(lane: str, tenant: Any, state: str, start: Any, end: Any) -> dict[str, Any]:
+    return {"lane": lane, "tenant": tenant, "state": state, "start": int(start),
+            "end": None if _na(end) else int(end), "kind": "span"}
+
+
+# -- Pool occupancy (the cached-blocks view) -------------------------------------------------------
 
 def pool_occupancy(source: Source, run_id: str) -> pd.DataFrame:
     """The ``pool_occupancy`` view for one run: cached blocks after each change, by seq."""
@@ -281,12 +763,29 @@ def loss_labels(source: Source) -> pd.DataFrame:
 # -- Tenant explanations -------------------------------------------------------------------------
 
 def tenants(source: Source) -> list[str]:
-    """Every tenant that declared a claim (``claim_outcomes``); tenants with an explanation
-    (a harmed, demoted, released or expired claim that lost blocks) first."""
+    """Every tenant that declared a claim (``claim_outcomes``), the one with the most harm
+    first (blocks lost as harm, then value lost), then tenants with any explanation, then
+    the others, each group by name."""
     a = _audit(source)
+    co = a.views["claim_outcomes"].dropna(subset=["tenant"])
+    harm = co.groupby("tenant")[["blocks_lost_harm", "value_lost"]].sum()
     explained = set(a.views["tenant_explanations"]["tenant"].dropna())
-    every = set(a.views["claim_outcomes"]["tenant"].dropna())
-    return sorted(explained) + sorted(every - explained)
+    return sorted(harm.index, key=lambda t: (-int(harm.loc[t, "blocks_lost_harm"]),
+                                             -float(harm.loc[t, "value_lost"] or 0),
+                                             t not in explained, natural_key(t)))
+
+
+def explain_tenant(source: Source, tenant: str) -> pd.DataFrame:
+    """The tenant's explanation: one row per claim that lost blocks (``claim_id, outcome,
+    run_id, explanation, evidence_seqs``).
+
+    NOTE: the one place the dashboard and the report get a tenant's explanation; it reads
+    the ``tenant_explanations`` view today and switches to ``kvclaims.explain`` when merged.
+    """
+    df = tenant_explanations(source, tenant)
+    return df.iloc[sorted(range(len(df)), key=lambda i: (natural_key(df["run_id"].iloc[i]),
+                                                        str(df["claim_id"].iloc[i])))
+                   ].reset_index(drop=True)
 
 
 def tenant_explanations(source: Source, tenant: str | None = None) -> pd.DataFrame:
@@ -301,10 +800,30 @@ def tenant_explanations(source: Source, tenant: str | None = None) -> pd.DataFra
 def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:
     """Every claim of one tenant from ``claim_outcomes`` (with or without an incident)."""
     df = claim_outcomes(source)
-    return df[df["tenant"] == tenant].reset_index(drop=True)
+    df = df[df["tenant"] == tenant].drop(columns="tenant")
+    df = df.iloc[sorted(range(len(df)), key=lambda i: natural_key(df["run_id"].iloc[i]))]
+    first = ["run_id", "claim_id", "outcome", "blocks_lost_harm", "value_lost"]
+    return df[first + [c for c in df.columns if c not in first]].reset_index(drop=True)
 
 
 # -- Findings & conformance ----------------------------------------------------------------------
+
+#: What each check asks, in an operator's words (docs/reconstruction.md, Conformance).
+CHECK_TITLES: Final[dict[str, str]] = {
+    "L1": "no accepted claim, no harm",
+    "L2": "write no-admit keeps denied blocks out of the cache",
+    "L3": "a hard claim is never harmed; conflicts are refused",
+    "L4": "demotion precedes loss",
+    "L5": "expiry precedes loss",
+    "L6": "materialized means every leading position resident",
+    "L7": "reconstruction agrees with the runtime's reports",
+    "INV_no_harm_without_acceptance": "no harm without acceptance",
+    "INV_release_precedes_loss": "release precedes loss",
+    "INV_refusal_names_protected_claim": "a refusal names the claims in its way",
+    "INV_no_protected_loss": "no protected block lost",
+    "INV_feasible_admission": "admissions fit beside protected blocks",
+}
+
 
 def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
     """The ``findings`` table (holes, disagreements, violations, anomalies), ``seqs`` as text."""
@@ -315,20 +834,29 @@ def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
 
 
 def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
-    """The ``conformance`` table: per run and check (L1-L7, then the invariants) its verdict
-    (pass | fail | not_applicable | unknown), ``evidence_seqs`` as text, and the detail."""
+    """The ``conformance`` table: per run and check (L1-L7, then the invariants) its title,
+    verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text, and
+    the detail; runs in natural order."""
     df = _audit(source).conformance
     if run_id is not None:
         df = df[df["run_id"] == run_id]
     order = {c: i for i, c in enumerate(CHECKS)}
-    df = df.assign(_o=df["check"].map(order).fillna(len(order))).sort_values(["run_id", "_o"])
-    return _lists_to_text(df.drop(columns="_o"), ["evidence_seqs"]).reset_index(drop=True)
+    df = df.assign(verdict=df["verdict"].map(_verdict),
+                   _r=df["run_id"].map(natural_key),
+                   _o=df["check"].map(order).fillna(len(order)),
+                   evidence_seqs=[None if _na(x) else sorted(x) for x in df["evidence_seqs"]])
+    if "title" not in df.columns:
+        df["title"] = df["check"].map(CHECK_TITLES)
+    df = df.sort_values(["_r", "_o"]).drop(columns=["_o", "_r"])
+    first = ["run_id", "check", "title", "verdict"]
+    df = df[first + [c for c in df.columns if c not in first]]
+    return _lists_to_text(df, ["evidence_seqs"]).reset_index(drop=True)
 
 
 def verdict_counts(source: Source) -> dict[str, int]:
-    """How many (run, check) verdicts are pass, fail, unknown and not_applicable."""
-    counts = _audit(source).conformance["verdict"].value_counts()
-    return {v: int(counts.get(v, 0)) for v in ("pass", "fail", "unknown", "not_applicable")}
+    """How many (run, check) verdicts are fail, unknown, pass and not_exercised."""
+    counts = _audit(source).conformance["verdict"].map(_verdict).value_counts()
+    return {v: int(counts.get(v, 0)) for v in VERDICTS}
 
 
 def conformance_matrix(source: Source) -> pd.DataFrame:
@@ -338,5 +866,6 @@ def conformance_matrix(source: Source) -> pd.DataFrame:
     cols = [c for c in CHECKS if c in wide.columns] + [c for c in wide.columns
                                                         if c not in CHECKS]
     wide = wide[cols]
+    wide = wide.loc[sorted(wide.index, key=natural_key)]
     wide.columns.name = None
     return wide.reset_index()

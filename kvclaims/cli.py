@@ -28,7 +28,7 @@ from typing import Final
 from recorder.schema import InputError
 
 _PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands",
-          "kvclaims.listening")
+          "kvclaims.listening", "dashboard.commands")
 
 EXIT_OK: Final[int] = 0
 EXIT_CHECK_FAILED: Final[int] = 1
@@ -55,9 +55,23 @@ def _parser() -> argparse.ArgumentParser:
     return _PARSER
 
 
+def version() -> str:
+    """The installed package's version (pyproject), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvclaims")
+    except PackageNotFoundError:
+        from recorder.schema import RECORDER_VERSION
+
+        return RECORDER_VERSION
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser with every part's subcommands registered."""
     parser = argparse.ArgumentParser(prog="kvclaims", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvclaims {version()}")
     parser.add_argument("--debug", action="store_true",
                         help="show a Python traceback for errors (for bug reports)")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -10,8 +10,11 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from kvclaims.progress import Progress
 from recorder.policies import POLICIES
 from recorder.scenarios import SCENARIOS
 from recorder.schema import InputError
@@ -37,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="run directory to create")
     p.add_argument("--model", type=Path, default=None,
                    help="model folder (default: the tiny random-weight model, built locally)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object (docs/operating.md)")
+    _noise_flags(p)
     p.set_defaults(func=_record)
 
     s = sub.add_parser(
@@ -52,28 +57,124 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated run policies")
     s.add_argument("--out", required=True, type=Path, help="sweep directory")
     s.add_argument("--model", type=Path, default=None, help="model folder (default: tiny)")
-    s.add_argument("--json", action="store_true", help="print the rows as JSON")
+    s.add_argument("--json", action="store_true",
+                   help="print the rows as one JSON array ([] when empty)")
+    _noise_flags(s)
     s.set_defaults(func=_sweep)
+
+
+def _noise_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is shown only on a terminal anyway)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show vLLM's own log (hidden by default, errors excepted)")
 
 
 # -- record ---------------------------------------------------------------------------------------
 
-def _quiet_vllm() -> None:
+def _quiet_vllm(verbose: bool = False) -> None:
     """vLLM logs to stdout, where our result (and ``--json``) goes: send its log to stderr and
-    keep only its errors (a user's own settings win)."""
+    keep only its errors unless ``verbose`` (a user's own settings win)."""
     import os
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if not verbose:
+        import warnings
+
+        warnings.filterwarnings("ignore")  # third-party deprecation chatter, not our result
+        os.environ.setdefault("TQDM_DISABLE", "1")  # vLLM's own loading bars
+
+
+@contextmanager
+def _engine_noise_aside(verbose: bool) -> Iterator[Any]:
+    """Keep what vLLM, torch and Triton print on the process's stderr (C++ warnings, prints
+    that bypass logging) out of the operator's terminal: file descriptor 2 goes to a log file
+    while the engine runs, unless ``verbose``. Yields the stream progress is drawn on (the
+    real stderr). On failure the log is kept and named on stderr; on success it is removed.
+
+    NOTE: fd 2 is restored before this returns, so the CLI's own error line reaches the user.
+    """
+    import os
+    import tempfile
+
+    if verbose:
+        yield sys.stderr
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = tempfile.NamedTemporaryFile(prefix="kvclaims-vllm-", suffix=".log", delete=False)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1)
+    os.dup2(log.fileno(), 2)
+    failed = True
+    try:
+        yield terminal
+        failed = False
+    except InputError:  # bad input is one line: the engine's log has nothing to add
+        failed = False
+        raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        log.close()
+        terminal.close()
+        if failed:
+            print(f"kvclaims record: vLLM's own output is in {log.name}", file=sys.stderr)
+        else:
+            os.unlink(log.name)
+
+
+@contextmanager
+def _progress_of_driver(progress: Progress) -> Iterator[None]:
+    """Report a scenario's progress (requests finished of submitted, engine steps) from the
+    engine driver while ``record`` runs: engine start until the first request, then the
+    scenario, then closing.
+
+    NOTE: ``recorder.scenarios.record`` takes no progress callback yet, so the driver's
+    ``submit``/``step`` are wrapped for the duration and restored after (proposed to the
+    recorder's owner: a ``progress`` parameter on ``record``).
+    """
+    from recorder import scenarios
+
+    submit, step = scenarios.Driver.submit, scenarios.Driver.step
+    counts = {"steps": 0}
+
+    def report(driver: Any) -> None:
+        finished = sum(1 for o in driver.outcomes.values() if o.finish_reason is not None)
+        progress.stage(f"scenario, step {counts['steps']}: requests finished",
+                       done=finished, total=len(driver.outcomes))
+
+    def wrapped_submit(self: Any, *a: Any, **k: Any) -> Any:
+        out = submit(self, *a, **k)
+        report(self)
+        return out
+
+    def wrapped_step(self: Any) -> None:
+        step(self)
+        counts["steps"] += 1
+        report(self)
+
+    scenarios.Driver.submit, scenarios.Driver.step = wrapped_submit, wrapped_step  # type: ignore
+    try:
+        yield
+    finally:
+        scenarios.Driver.submit, scenarios.Driver.step = submit, step  # type: ignore
 
 
 def _record(args: argparse.Namespace) -> int:
     from recorder.scenarios import record
 
-    _quiet_vllm()
-
-    view = record(args.scenario, args.usable_blocks, args.policy, args.out, model_dir=args.model)
-    claims, losses = _claims_and_losses(args.out)
+    _quiet_vllm(args.verbose)
+    with _engine_noise_aside(args.verbose) as terminal, \
+            Progress("record", quiet=args.quiet, key=f"record {args.scenario}",
+                     stream=terminal) as progress:
+        progress.stage("engine start")
+        with _progress_of_driver(progress):
+            view = record(args.scenario, args.usable_blocks, args.policy, args.out,
+                          model_dir=args.model)
+        progress.stage("closing: reconstructing the trace")
+        claims, losses = _claims_and_losses(args.out)
     if args.json:
         print(json.dumps({**view, "run_dir": str(args.out), "claims": claims,
                           "losses_by_label": losses}, indent=2, default=str))
@@ -102,11 +203,20 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _claims_and_losses(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def open_audit(run_dirs: list[Path]) -> Any:
+    """The one place ``record`` and ``sweep`` open an audit: a connection whose ``.sql(text)``
+    sees ``events``, the reconstructed tables and the documented views.
+
+    NOTE: switching to the audit facade (``kvclaims.open(run_dirs)``) is a one-line change.
+    """
     import queries
     from reconstruct.loader import load_runs
 
-    con = queries.audit(load_runs([run_dir]))
+    return queries.audit(load_runs(run_dirs))
+
+
+def _claims_and_losses(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    con = open_audit([run_dir])
     claims = con.sql("""
         SELECT o.*, p.positions_lost, b.bound_blocks FROM claim_outcomes o
         LEFT JOIN (SELECT run_id, claim_id, list(DISTINCT position ORDER BY position)
@@ -133,34 +243,40 @@ def _ranges(positions: list[int]) -> str:
 # -- sweep ----------------------------------------------------------------------------------------
 
 def _sweep(args: argparse.Namespace) -> int:
-    _quiet_vllm()
-    rows = sweep(args.scenario, _ints(args.capacities), _names(args.policies, POLICIES),
-                 args.out, model_dir=args.model)
+    _quiet_vllm(args.verbose)
+    capacities, policies = _ints(args.capacities), _names(args.policies, POLICIES)
+    with _engine_noise_aside(args.verbose) as terminal:
+        rows = sweep(args.scenario, capacities, policies, args.out, model_dir=args.model,
+                     quiet=args.quiet, stream=terminal)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        print(sweep_summary(rows))
         print(render_table(rows))
     return 0
 
 
 def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, *,
-          model_dir: Path | None = None) -> list[dict[str, Any]]:
-    """Record every (policy, capacity) point not yet complete, then tabulate them all."""
-    from tqdm import tqdm
-
+          model_dir: Path | None = None, quiet: bool = False,
+          stream: Any = None) -> list[dict[str, Any]]:
+    """Record every (policy, capacity) point not yet complete, then tabulate them all;
+    progress on ``stream`` (default stderr) when it is a terminal and not ``quiet``."""
     from reconstruct.loader import read_manifest
     from recorder.scenarios import record
 
     out.mkdir(parents=True, exist_ok=True)
-    points = [(p, c) for p in policies for c in capacities]
-    bar = tqdm(points, desc=f"sweep {scenario}", unit="point", file=sys.stderr)
-    for policy, usable in bar:
-        run_dir = out / f"{scenario}-{policy}-{usable}"
-        bar.set_postfix_str(f"{policy} @ {usable}")
-        if _complete(run_dir, read_manifest):
-            continue
-        shutil.rmtree(run_dir, ignore_errors=True)  # a partial point is recorded again
-        record(scenario, usable, policy, run_dir, model_dir=model_dir)
+    points = [(p, c) for p in policies for c in sorted(capacities)]
+    with Progress(f"sweep {scenario}", quiet=quiet, key=f"sweep {scenario} x{len(points)}",
+                  stream=stream) as progress:
+        for i, (policy, usable) in enumerate(points):
+            run_dir = out / f"{scenario}-{policy}-{usable}"
+            progress.stage(f"point {policy} @ {usable}", done=i, total=len(points))
+            if _complete(run_dir, read_manifest):
+                continue
+            shutil.rmtree(run_dir, ignore_errors=True)  # a partial point is recorded again
+            record(scenario, usable, policy, run_dir, model_dir=model_dir)
+        progress.stage("closing: reconstructing every point", done=len(points),
+                       total=len(points))
     rows = [{"scenario": scenario, **row}
             for row in sweep_rows([out / f"{scenario}-{p}-{c}" for p, c in points])]
     (out / "sweep.json").write_text(json.dumps({"scenario": scenario, "rows": rows}, indent=2))
@@ -169,28 +285,52 @@ def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, 
 
 def sweep_rows(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """One row per run directory, every number decided by the reconstructor."""
-    import queries
-    from reconstruct.loader import load_runs
-
-    rel = queries.audit(load_runs(run_dirs)).sql(f"SELECT {', '.join(SWEEP_COLUMNS)} FROM capacity_sweep "
-                         "ORDER BY policy, usable_blocks")
+    if not run_dirs:
+        return []
+    rel = open_audit(run_dirs).sql(f"SELECT {', '.join(SWEEP_COLUMNS)} FROM capacity_sweep "
+                                   "ORDER BY policy, usable_blocks, run_id")
     return rel.to_arrow_table().to_pylist()
 
 
+def sweep_summary(rows: list[dict[str, Any]]) -> str:
+    """The sweep in one line: points, where the active request harmed resident claimed
+    blocks, where it was refused, where it was served."""
+    harmed = sum(1 for r in rows if r["harm"])
+    refused = sum(1 for r in rows if r["active_outcome"] == "refused")
+    served = sum(1 for r in rows if (r["active_outcome"] or "").endswith("served"))
+    any_harm = sum(1 for r in rows if "=harmed" in (r["claim_outcome"] or ""))
+    return (f"{len(rows)} points: a claim was harmed at {any_harm} ({harmed} by the active "
+            f"request's allocation); the active request was refused at {refused}, served at "
+            f"{served}.")
+
+
+#: The text table: (title, row key, right-aligned). Decisive columns first; the label columns
+#: count only the blocks the active request evicted (the title says so).
+_TABLE: tuple[tuple[str, str, bool], ...] = (
+    ("policy", "policy", False), ("usable", "usable_blocks", True),
+    ("active", "active_outcome", False), ("resident lost", "resident_blocks_lost", True),
+    ("of which harm", "harm", True), ("claim", "claim_outcome", False),
+    ("shortfall", "shortfall_blocks", True), ("refusal named", "blocking_claim_ids", False),
+    ("expiry", "expiry", True), ("relax", "relaxation", True), ("evict", "eviction", True),
+    ("unknown", "unknown", True), ("all lost", "blocks_lost", True))
+
+
 def render_table(rows: list[dict[str, Any]]) -> str:
-    """The sweep as a fixed-width text table."""
-    header = ("policy", "usable", "active", "resident lost", "claim", "shortfall", "blocking",
-              "harm", "expiry", "relax", "evict", "unknown")
-    lines = [header]
-    for r in rows:
-        lines.append((r["policy"], str(r["usable_blocks"]), r["active_outcome"] or "-",
-                      str(r["resident_blocks_lost"]), r["claim_outcome"] or "-",
-                      "-" if r["shortfall_blocks"] is None else str(r["shortfall_blocks"]),
-                      ",".join(r["blocking_claim_ids"] or []) or "-", str(r["harm"]),
-                      str(r["expiry"]), str(r["relaxation"]), str(r["eviction"]),
-                      str(r["unknown"])))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines)
+    """The sweep as a fixed-width text table, numbers right-aligned, rows by policy then
+    usable blocks (numerically)."""
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        return ",".join(v) or "-" if isinstance(v, list) else str(v)
+
+    rows = sorted(rows, key=lambda r: (str(r["policy"]), int(r["usable_blocks"] or 0)))
+    lines = [tuple(t for t, _, _ in _TABLE)]
+    lines += [tuple(cell(r.get(k)) for _, k, _ in _TABLE) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(_TABLE))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if right else c.ljust(w)
+                  for c, w, (_, _, right) in zip(line, widths, _TABLE)).rstrip()
+        for line in lines)
 
 
 def _complete(run_dir: Path, read_manifest: Any) -> bool:

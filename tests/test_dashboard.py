@@ -8,6 +8,7 @@ fixture imported as a run directory, or a copy with a corrupted segment).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -33,8 +34,11 @@ MULTI_RUN = "multi_tenant-hard_protected-80"
 DEMOTE_RUN = "lifecycle_demote-demote_on_conflict-80"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-TABS = ["Capacity sweep", "Claims", "Pool occupancy", "Loss labels", "Tenant explanations",
-        "Findings & conformance"]
+PAGES = ["Overview", "Timeline", "Claims", "Capacity sweep", "Tenants",
+         "Findings & conformance"]
+SCREENSHOTS = REPO / "docs" / "screenshots"
+NATIVE_80 = "resident60_active70-native-80"
+HARD_80 = "resident60_active70-hard_protected-80"
 
 
 @pytest.fixture(scope="module")
@@ -200,14 +204,14 @@ def test_loss_labels_of_a_refusing_hard_protected_run_are_empty(audit: data.Audi
     assert "resident60_active70-hard_protected-80" not in set(labels["run_id"])
 
 
-def test_conformance_of_shipped_runs_passes_or_is_not_applicable(audit: data.Audit) -> None:
+def test_conformance_of_shipped_runs_passes_or_is_not_exercised(audit: data.Audit) -> None:
     conf = data.conformance(audit)
     for run_id in audit.run_ids:
         assert conf.loc[conf["run_id"] == run_id, "check"].tolist() == list(data.CHECKS)
-    assert set(conf["verdict"]) == {"pass", "not_applicable"}
+    assert set(conf["verdict"]) == {"pass", "not_exercised"}
     matrix = data.conformance_matrix(audit)
     assert list(matrix.columns) == ["run_id", *data.CHECKS]
-    assert matrix["run_id"].tolist() == audit.run_ids
+    assert matrix["run_id"].tolist() == audit.run_ids  # natural order: -80 before -100
     assert data.findings(audit).empty
 
 
@@ -248,6 +252,202 @@ def test_the_dashboard_never_imports_the_scheduler_or_vllm() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# -- headline, sorting, timeline, evictors ------------------------------------------------------
+
+def _headline_row(audit: data.Audit, run_id: str) -> dict:
+    h = data.headline(audit)
+    return h[h["run_id"] == run_id].iloc[0].to_dict()
+
+
+def test_headline_of_native_80_is_one_harmed_claim_and_50_harm_blocks(audit: data.Audit) -> None:
+    row = _headline_row(audit, NATIVE_80)
+    assert (row["claims_harmed"], row["lost_harm"], row["refused"]) == (1, 50, 0)
+    assert "1 of 1 claims harmed; blocks lost: 50 harm" in data.headline_text(row)
+
+
+def test_headline_of_hard_protected_80_is_a_refusal_and_no_harm(audit: data.Audit) -> None:
+    row = _headline_row(audit, HARD_80)
+    assert (row["claims_harmed"], row["lost_harm"], row["refused"]) == (0, 0, 1)
+    assert "blocks lost: none; 1 of 3 requests refused" in data.headline_text(row)
+
+
+def test_summary_counts_every_harmed_claim(audit: data.Audit) -> None:
+    h = data.headline(audit)
+    assert f"{int(h['claims_harmed'].sum())} claims harmed" in data.summary_text(audit)
+    assert int(h["lost_harm"].sum()) > 0
+
+
+def test_runs_and_sweep_rows_sort_capacities_numerically(audit: data.Audit) -> None:
+    ids = [r for r in audit.run_ids if r.startswith("resident60_active70-hard_protected-")]
+    assert [int(r.rsplit("-", 1)[1]) for r in ids] == [80, 90, 100, 110, 120, 130, 150]
+    assert sorted(ids) != ids  # plain text order would put -100 before -80
+    sweep = data.capacity_sweep(audit, "resident60_active70")
+    hard = sweep[sweep["policy"] == "hard_protected"]["usable_blocks"].tolist()
+    assert hard == [80, 90, 100, 110, 120, 130, 150]
+
+
+def test_sweep_table_leads_with_the_decisive_columns(audit: data.Audit) -> None:
+    cols = data.capacity_sweep(audit).columns.tolist()
+    assert cols[:6] == ["policy", "usable_blocks", "active_outcome", "resident_blocks_lost",
+                        "claim_outcome", "harm"]
+    assert cols.index("run_id") > cols.index("blocks_lost")
+    assert data.SWEEP_TITLES["harm"] == "of those: harm"  # counts the active request's only
+
+
+def test_occupancy_categories_fill_exactly_the_usable_pool(audit: data.Audit) -> None:
+    occ = audit.tables["occupancy"]
+    total = occ["protected"] + occ["held"] + occ["cached"] + occ["free"]
+    assert (total == occ["usable_blocks"]).all()
+    assert (occ[["protected", "held", "cached", "free"]] >= 0).all().all()
+
+
+def test_only_an_enforcing_policy_protects_blocks(audit: data.Audit) -> None:
+    assert data.occupancy(audit, HARD_80)["protected"].max() >= 60
+    assert data.occupancy(audit, NATIVE_80)["protected"].max() == 0
+
+
+def _runtime_view(audit: data.Audit, occ: pd.DataFrame) -> pd.DataFrame:
+    """Each admission decision's reported free/protected blocks beside the reconstructed pool
+    just before that request's first allocation of the decision (or before the decision)."""
+    import duckdb
+
+    feas = audit.tables["feasibility"]
+    req = audit.tables["requests"]
+    once = set(req.loc[req["preemptions"].fillna(0) == 0, "request_id"])
+    feas = feas[feas["request_id"].isin(once)]
+    first = feas.merge(req[["run_id", "request_id", "first_alloc_seq"]],
+                       on=["run_id", "request_id"], how="left")
+    first["at"] = [int(a) if d == "admitted" and not pd.isna(a) and a < s else int(s)
+                   for d, a, s in zip(first["decision"], first["first_alloc_seq"],
+                                      first["seq"])]
+    return duckdb.sql("""
+        SELECT f.run_id, f.seq, f.free_blocks, f.protected_blocks,
+               coalesce(o.free + o.cached, f.usable_blocks) AS evictable,
+               coalesce(o.protected, 0) AS protected
+        FROM first f ASOF LEFT JOIN occ o ON o.run_id = f.run_id AND o.seq < f.at""").df()
+
+
+def test_occupancy_agrees_with_the_runtimes_own_counts_at_every_admission(
+        audit: data.Audit) -> None:
+    got = _runtime_view(audit, audit.tables["occupancy"])
+    assert len(got) > 90
+    assert (got["free_blocks"] == got["evictable"]).all(), got
+    assert (got["protected_blocks"] == got["protected"]).all(), got
+
+
+def test_occupancy_shifted_by_one_change_disagrees_with_the_runtime(audit: data.Audit) -> None:
+    occ = audit.tables["occupancy"].copy()
+    occ[["protected", "held", "cached", "free"]] = occ.groupby("run_id")[
+        ["protected", "held", "cached", "free"]].shift(1).fillna(0)
+    got = _runtime_view(audit, occ)
+    assert not ((got["free_blocks"] == got["evictable"]).all()
+                and (got["protected_blocks"] == got["protected"]).all())
+
+
+def test_request_lanes_end_refused_preempted_or_served(audit: data.Audit) -> None:
+    lanes = data.request_lanes(audit, MULTI_RUN)
+    ends = lanes[lanes["kind"] == "mark"].set_index("lane")["state"].to_dict()
+    assert ends["i-huge-8c01ee5e"] == "refused"
+    assert ends["j-long-2-81c3b0e8"] == "preempted"
+    assert ends["a-doc-9d85846a"] == "served"
+    wait = lanes[lanes["lane"] == "h-wait-ac2bba86"]["state"].tolist()
+    assert wait[:3] == ["queued", "deferred", "running"]
+    assert "deferred" not in lanes[lanes["lane"] == "a-doc-9d85846a"]["state"].tolist()
+
+
+def test_claim_lanes_show_a_demotion_after_force(audit: data.Audit) -> None:
+    lanes = data.claim_lanes(audit, MULTI_RUN)
+    b = lanes[lanes["lane"] == "b:doc"].set_index("state")
+    assert int(b.loc["in force", "end"]) == int(b.loc["demoted", "start"]) == 376
+    assert "in force" not in set(lanes[lanes["lane"] == "e:bad"]["state"])  # rejected
+    marks = data.claim_loss_marks(audit, MULTI_RUN)
+    assert set(marks.loc[marks["lane"] == "b:doc", "label"]) == {"relaxation"}
+
+
+def test_harm_evictors_name_the_active_request_and_why_it_was_admitted(
+        audit: data.Audit) -> None:
+    ev = data.harm_evictors(audit, NATIVE_80, "claim:resident")
+    assert len(ev) == 1
+    row = ev.iloc[0]
+    assert row["request_id"].startswith("active-") and row["harm_blocks"] == 50
+    assert (row["blocks_required"], row["protected_blocks"], row["usable_blocks"]) == (70, 0, 80)
+    assert "policy native does not enforce claims" in row["why"]
+
+
+def test_a_preserved_claim_has_no_evictors(audit: data.Audit) -> None:
+    assert data.harm_evictors(audit, HARD_80, "claim:resident").empty
+    assert data.harmed_claims(audit, HARD_80) == []
+
+
+def test_tenants_start_with_the_most_harm(audit: data.Audit) -> None:
+    multi = data.load_audit([MULTI])
+    names = data.tenants(multi)
+    assert names[0] == "tenant-d"  # 12 blocks lost as harm (d:best, d:soft)
+    assert names.index("tenant-e") < names.index("tenant-a")  # e:off 4 harm; a none
+
+
+def test_conformance_shows_titles_and_never_calls_not_exercised_a_pass(
+        audit: data.Audit) -> None:
+    conf = data.conformance(audit, MULTI_RUN).set_index("check")
+    assert conf.loc["L2", "verdict"] == "not_exercised"  # no reuse_denied in this run
+    assert conf.loc["L3", "title"] == data.CHECK_TITLES["L3"]
+    counts = data.verdict_counts(audit)
+    assert counts["pass"] + counts["not_exercised"] == len(audit.conformance)
+    assert counts["not_exercised"] > 0 and "not_applicable" not in counts
+
+
+def test_conformance_evidence_seqs_are_sorted(audit: data.Audit) -> None:
+    for text in data.conformance(audit)["evidence_seqs"].dropna():
+        seqs = [int(v) for v in text.split(", ") if v]
+        assert seqs == sorted(seqs)
+
+
+# -- the HTML report -----------------------------------------------------------------------------
+
+def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) -> None:
+    from dashboard.report import build_report
+
+    page = build_report(data.load_audit([SWEEP / NATIVE_80, MULTI]))
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "<script" not in page and "<link" not in page
+    assert "src=\"http" not in page and "href=\"http" not in page
+    assert page.count("data:image/png;base64,") >= 3  # headline + two timelines
+    assert "1 of 1 claims harmed; blocks lost: 50 harm" in page
+    assert "not exercised" in page and "v-not_exercised" in page
+
+
+def _evil_run(tmp_path: Path, url: str) -> Path:
+    """A real trace (tests/fixtures/multi_claim.jsonl imported) whose tenant, claim id and
+    request id are markdown/HTML that would fetch ``url`` if rendered."""
+    import json
+
+    from reconstruct.jsonl import import_jsonl
+
+    names = {"tenant": ("tenant-a", f"![x]({url}/md.png)"),
+             "claim_id": ("claim:a", f'<img src="{url}/html.png">'),
+             "request_id": ("r", f"[link]({url}/req) <b>bold</b>")}
+    lines = []
+    for line in (REPO / "tests" / "fixtures" / "multi_claim.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        for key, (old, new) in names.items():
+            if event.get(key) == old:
+                event[key] = new
+        lines.append(json.dumps(event))
+    src = tmp_path / "evil.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    (run,) = import_jsonl(src, tmp_path / "evil")
+    return run
+
+
+def test_report_escapes_trace_strings(tmp_path: Path) -> None:
+    from dashboard.report import build_report
+
+    page = build_report([_evil_run(tmp_path, "http://127.0.0.1:9")])
+    assert "<img src=\"http://127.0.0.1:9" not in page and "<b>bold</b>" not in page
+    assert "&lt;img src=&quot;http://127.0.0.1:9/html.png&quot;&gt;" in page
+    assert "1 of 2 claims harmed" in page
+
+
 # -- the app under AppTest -------------------------------------------------------------------------
 
 def _app(monkeypatch: pytest.MonkeyPatch, *paths: Path | str):
@@ -255,45 +455,133 @@ def _app(monkeypatch: pytest.MonkeyPatch, *paths: Path | str):
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setattr(sys, "argv", [str(APP), *map(str, paths)])
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     return at.run()
 
 
-def test_app_renders_every_tab_on_the_shipped_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+def _page(at, page: str):
+    return at.sidebar.radio(key="page").set_value(page).run()
+
+
+def test_app_renders_every_page_on_the_shipped_traces(monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(monkeypatch)  # no paths: the shipped traces
-    assert not at.exception
-    assert not at.error
-    assert [t.label for t in at.tabs] == TABS
-    assert f"from {len(data.default_paths())} path(s)" in at.caption[0].value
-    assert {s.key for s in at.selectbox} == {"sweep_scenario", "claim", "pool_run", "tenant",
-                                              "conformance_run"}
-    assert at.selectbox(key="sweep_scenario").value == "resident60_active70"
-    assert any("Your claim a:doc was released" in i.value for i in at.info)
+    assert at.sidebar.radio(key="page").options == PAGES
+    for page in PAGES:
+        _page(at, page)
+        assert not at.exception, page
+        assert not at.error or page == "Overview", (page, [e.value for e in at.error])
 
 
-def test_app_shows_the_chosen_tenants_harm_sentences(monkeypatch: pytest.MonkeyPatch) -> None:
-    at = _app(monkeypatch, MULTI)
-    at.selectbox(key="tenant").set_value("tenant-d").run()
+def test_app_overview_states_the_headline_before_any_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, SWEEP)
+    (summary,) = at.error  # harm in these runs: the summary is the alarming box
+    assert summary.value.startswith("21 runs\\: 11 claims harmed in 11 runs")
+    lines = [m.value for m in at.markdown]
+    assert "resident60\\_active70\\-native\\-80" in lines[0]
+    assert "50 harm" in lines[0]
+
+
+def test_app_overview_of_harmless_runs_is_not_alarming(monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, LIVE)
+    assert not at.error and at.success[0].value.startswith("1 runs\\: 0 claims harmed")
+
+
+def test_app_timeline_shows_who_evicted_the_harmed_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, SWEEP), "Timeline")
+    assert at.selectbox(key="timeline_run").value == NATIVE_80  # the most harm first
+    assert at.selectbox(key="timeline_claim").value == "claim:resident"
+    (evictors,) = [d.value for d in at.dataframe if "harm_blocks" in d.value.columns]
+    assert evictors["harm_blocks"].tolist() == [50]
+    (why,) = [m.value for m in at.markdown if "evicted 50 of its blocks" in m.value]
+    assert "policy native does not enforce claims" in why
+    at.button(key="to_tenant").click().run()
+    assert at.sidebar.radio(key="page").value == "Tenants"
+    assert at.selectbox(key="tenant").value == "tenant-resident"
+
+
+def test_app_timeline_of_a_run_without_harm_offers_no_evictors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, SWEEP), "Timeline")
+    at.selectbox(key="timeline_run").set_value(HARD_80).run()
     assert not at.exception
+    assert "timeline_claim" not in {s.key for s in at.selectbox}
+
+
+def test_app_tenant_page_starts_at_the_tenant_with_the_most_harm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, MULTI), "Tenants")
+    assert at.selectbox(key="tenant").value == "tenant-d"
     sentences = [w.value for w in at.warning]
     assert len(sentences) == 2 and all("broke it while it was still in force" in s
                                        for s in sentences)
-    assert not any("Your claim a:doc" in i.value for i in at.info)
+    at.selectbox(key="tenant").set_value("tenant-a").run()
+    assert not at.warning and any("released at seq 1273" in i.value for i in at.info)
+
+
+def test_app_conformance_never_counts_not_exercised_as_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, MULTI), "Findings & conformance")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics == {"fail": "0", "unknown": "0", "pass": "11", "not exercised": "1"}
 
 
 def test_app_audits_only_the_paths_on_its_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    at = _app(monkeypatch, LIVE)
+    at = _page(_app(monkeypatch, LIVE), "Capacity sweep")
     assert not at.exception and not at.error
-    assert "1 run(s) from 1 path(s)" in at.caption[0].value
     assert at.selectbox(key="sweep_scenario").options == ["live_pressure", "all runs"]
+
+
+def test_app_refuses_a_path_outside_the_directories_it_was_started_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, SWEEP)
+    at.sidebar.text_area(key="paths").set_value("/root\n" + str(MULTI)).run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("/root\\: outside the directories") for e in errors)
+    assert any(str(MULTI).replace("_", "\\_").replace("-", "\\-").replace(".", "\\.") in e
+               for e in errors)  # a sibling of the root is outside too
+
+
+def test_app_accepts_a_path_inside_the_directories_it_was_started_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, SWEEP)
+    at.sidebar.text_area(key="paths").set_value(str(SWEEP / NATIVE_80)).run()
+    assert not at.exception and not [e for e in at.error if "outside" in e.value]
+    assert at.error[0].value.startswith("1 runs\\: 1 claims harmed")
+
+
+#: Markdown that would become HTML, an image or a link: an unescaped ``<`` or ``](``.
+_LIVE_MARKUP = re.compile(r"(?<!\\)<|(?<!\\)\]\(")
+
+
+def test_crafted_trace_strings_are_live_markup_unless_escaped(tmp_path: Path) -> None:
+    evil = data.tenants(data.load_audit([_evil_run(tmp_path, "http://127.0.0.1:9")]))[0]
+    assert _LIVE_MARKUP.search(evil)  # the raw tenant name would render as an image
+    assert not _LIVE_MARKUP.search(data.md_text(evil))
+
+
+def test_app_never_renders_trace_strings_as_markdown(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    run = _evil_run(tmp_path, "http://127.0.0.1:9")
+    at = _app(monkeypatch, run)
+    shown = 0
+    for page in PAGES:
+        _page(at, page)
+        assert not at.exception, page
+        for el in [*at.markdown, *at.warning, *at.info, *at.success, *at.error, *at.caption]:
+            assert not _LIVE_MARKUP.search(el.value), (page, el.value)
+            shown += "127\\.0\\.0\\.1" in el.value
+    assert shown >= 3  # the crafted strings were shown (as text), not dropped
 
 
 def test_app_reports_a_non_run_directory_as_an_error_without_traceback(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     at = _app(monkeypatch, tmp_path)
     assert not at.exception
-    assert [e.value for e in at.error][0].startswith(f"{tmp_path}: not a run directory")
-    assert not at.tabs
+    assert [e.value for e in at.error][0].startswith(data.md_text(tmp_path))
+    assert "not a run directory" in at.error[0].value
+    assert not at.dataframe
 
 
 def test_app_reports_a_corrupt_trace_as_an_error_without_traceback(
@@ -302,8 +590,8 @@ def test_app_reports_a_corrupt_trace_as_an_error_without_traceback(
     at = _app(monkeypatch, bad)
     assert not at.exception
     (err,) = [e.value for e in at.error]
-    assert err.startswith("Cannot read the trace: ") and "events-000000.arrows: corrupt" in err
-    assert not at.tabs
+    assert err.startswith("Cannot read the trace: ") and "events\\-000000\\.arrows" in err
+    assert not at.dataframe
 
 
 # -- the app in a real browser ---------------------------------------------------------------------
@@ -314,46 +602,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def served_app(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """``streamlit run dashboard/app.py -- SWEEP MULTI`` on a free port; (url, its log)."""
+def _serve(paths: list[Path], log: Path):
+    """``kvclaims dashboard PATHS --port P`` (the CLI) until healthy; (process, url)."""
     import requests
 
     port = _free_port()
-    log = tmp_path / "streamlit.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1",
-             "--browser.gatherUsageStats", "false", "--",
-             str(SWEEP.relative_to(REPO)), str(MULTI.relative_to(REPO))],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            [sys.executable, "-m", "kvclaims.cli", "dashboard", *map(str, paths),
+             "--port", str(port)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
     url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"streamlit exited:\n{log.read_text()}"
-            try:
-                if requests.get(url + "_stcore/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, f"streamlit never became healthy:\n" \
-                                                f"{log.read_text()}"
-            time.sleep(0.2)  # polling interval, bounded by the deadline above
-        yield url, log
-    finally:
-        proc.terminate()
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"dashboard exited:\n{log.read_text()}")
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+            if requests.get(url + "_stcore/health", timeout=2).ok:
+                return proc, url
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            _stop(proc)
+            raise AssertionError(f"dashboard never became healthy:\n{log.read_text()}")
+        time.sleep(0.2)  # polling interval, bounded by the deadline above
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 @pytest.fixture()
 def chromium(tmp_path: Path):
-    """Headless Chromium driven by chromedriver (both from the Debian packages)."""
+    """Headless Chromium driven by chromedriver (both from the Debian packages), 1400 px wide."""
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         pytest.skip("needs /usr/bin/chromium and /usr/bin/chromedriver: run `make browser`")
     webdriver = pytest.importorskip("selenium.webdriver")
@@ -363,8 +649,8 @@ def chromium(tmp_path: Path):
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1500,1700",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+                 "--disable-sync", "--no-first-run", "--window-size=1400,1000",
+                 "--hide-scrollbars", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(60)
@@ -374,56 +660,162 @@ def chromium(tmp_path: Path):
         driver.quit()
 
 
-_GRID_ROWS_JS = """
-return Array.from(document.querySelectorAll('[data-testid="stDataFrame"] tr'))
-    .map(tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent));
+#: What each page must show once rendered (headline figures of the shipped sweep + multi_tenant).
+_PAGE_TEXT = {
+    "overview": "22 runs: 14 claims harmed in 12 runs",
+    "timeline": "Who evicted claim:resident's blocks as harm",
+    "claims": "Claim timeline",
+    "sweep": "21 points: the active request's allocation evicted resident blocks as harm at 10",
+    "tenants": "Tenant explanations",
+    "conformance": "not exercised",
+}
+
+
+_HEIGHT_JS = """
+const m = document.querySelector('[data-testid="stMainBlockContainer"]');
+return Math.max(m ? m.scrollHeight + m.getBoundingClientRect().top : 0,
+                document.body.scrollHeight);
 """
 
 
-def test_browser_shows_the_sweep_and_a_tenant_sentence(
-        served_app: tuple[str, Path], chromium, tmp_path: Path) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
+def _shot(driver, path: Path) -> None:
+    """A screenshot of the whole page at 1400 px: once Streamlit has finished drawing (no
+    running script, no skeletons), the window grows to the page's height."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    url, log = served_app
-    wait = WebDriverWait(chromium, 60, poll_frequency=0.25)
-    chromium.get(url)
+    WebDriverWait(driver, 60, poll_frequency=0.25).until(lambda d: d.execute_script(
+        "return !Array.from(document.querySelectorAll('[data-testid=\"stStatusWidget\"], "
+        "[data-testid=\"stSkeleton\"]')).some(e => e.offsetParent !== null);"))
+    time.sleep(2.0)  # charts (vega) draw after the script has finished
+    height = driver.execute_script(_HEIGHT_JS)
+    driver.set_window_size(1400, min(max(int(height) + 80, 900), 5000))
+    time.sleep(2.0)  # let the page re-lay out at the new size
+    driver.save_screenshot(str(path))
 
-    def sweep_row(driver) -> list[str] | None:
-        # The data grid draws on a canvas; its accessible table holds the rendered cells.
-        for row in driver.execute_script(_GRID_ROWS_JS):
-            if "resident60_active70-hard_protected-80" in row:
-                return row
-        return None
 
-    row = wait.until(sweep_row, f"no sweep row rendered; server log:\n{log.read_text()}")
-    assert {"hard_protected", "80", "refused", "50", "claim:resident"} <= set(row)
-    body = chromium.find_element(By.TAG_NAME, "body")
-    assert "22 run(s) from 2 path(s)" in body.text
-    chromium.save_screenshot(str(tmp_path / "sweep.png"))
+def _wait_text(driver, text: str, log: Path) -> str:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
-    tab = chromium.find_element(
-        By.XPATH, "//*[@role='tab'][normalize-space(.)='Tenant explanations']")
-    tab.click()
-    wait.until(lambda d: "Your claim a:doc was released at seq 1273"
-               in d.find_element(By.TAG_NAME, "body").text)
+    WebDriverWait(driver, 90, poll_frequency=0.25).until(
+        lambda d: text in d.find_element(By.TAG_NAME, "body").text,
+        f"{text!r} never shown; server log:\n{log.read_text()}")
+    return driver.find_element(By.TAG_NAME, "body").text
 
-    tenant = next(el for el in chromium.find_elements(By.CSS_SELECTOR,
-                                                      '[data-testid="stSelectbox"]')
-                  if el.is_displayed() and el.text.startswith("Tenant"))
-    box = tenant.find_element(By.CSS_SELECTOR, "input")
-    box.click()
-    box.send_keys("tenant-d", Keys.ENTER)
-    wait.until(lambda d: "Your claim d:best was accepted (seq 62)"
-               in d.find_element(By.TAG_NAME, "body").text)
-    text = chromium.find_element(By.TAG_NAME, "body").text
-    assert "broke it while it was still in force" in text
-    assert "Your claim a:doc" not in text
-    chromium.save_screenshot(str(tmp_path / "tenant.png"))
 
-    for name in ("sweep.png", "tenant.png"):
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    doc = REPO / "docs" / "dashboard.png"
-    if os.environ.get("KVCLAIMS_UPDATE_SCREENSHOT") == "1" or not doc.exists():
-        shutil.copyfile(tmp_path / "sweep.png", doc)
+def test_browser_opens_every_page_and_the_report_at_1400px(chromium, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    from dashboard.report import write_report
+
+    log = tmp_path / "dashboard.log"
+    proc, url = _serve([SWEEP.relative_to(REPO), MULTI.relative_to(REPO)], log)
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    try:
+        for slug, text in _PAGE_TEXT.items():
+            chromium.get(f"{url}?page={slug}")
+            body = _wait_text(chromium, text, log)
+            assert not chromium.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+            assert "Traceback" not in body
+            width = chromium.execute_script("return document.documentElement.scrollWidth")
+            assert width <= 1400, (slug, width)  # no sideways scrolling
+            _shot(chromium, shots / f"{slug}.png")
+    finally:
+        _stop(proc)
+    report = tmp_path / "report.html"
+    write_report([str(SWEEP), str(MULTI)], str(report))
+    chromium.get(report.as_uri())
+    body = _wait_text(chromium, "22 runs: 14 claims harmed in 12 runs", log)
+    assert "claim:resident was harmed by:" in body
+    _shot(chromium, shots / "report.png")
+    for png in shots.iterdir():
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("KVCLAIMS_UPDATE_SCREENSHOTS") == "1" or not SCREENSHOTS.exists():
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        for png in shots.iterdir():
+            shutil.copyfile(png, SCREENSHOTS / png.name)
+
+
+def test_browser_fetches_nothing_a_crafted_trace_names(chromium, tmp_path: Path) -> None:
+    """Tenant, claim and request ids written as markdown images, HTML and links: the browser
+    must not fetch them (a local HTTP server counts every request it gets)."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    bait = f"http://127.0.0.1:{server.server_address[1]}"
+    run = _evil_run(tmp_path, bait)
+    log = tmp_path / "dashboard.log"
+    proc, url = _serve([run], log)
+    try:
+        for slug in ("overview", "timeline", "claims", "tenants", "conformance"):
+            chromium.get(f"{url}?page={slug}")
+            _wait_text(chromium, "Page", log)
+            time.sleep(1.5)  # give any image a chance to load
+        body = _wait_text(chromium, "Page", log)
+        chromium.get(f"{url}?page=tenants")
+        body = _wait_text(chromium, "![x](" + bait, log)  # shown as text
+        assert "<img" not in chromium.execute_script(
+            "return Array.from(document.querySelectorAll('[data-testid=\"stMarkdown\"], "
+            "[data-testid=\"stAlert\"]')).map(e => e.innerHTML).join(' ')").replace(
+            "&lt;img", "")
+    finally:
+        _stop(proc)
+        server.shutdown()
+    assert hits == [], hits
+    assert "Traceback" not in body
+
+
+def _with_clock(src: Path, dst: Path, utc_ns: int, monotonic_ns: int) -> Path:
+    """A copy of a run directory whose manifest anchors its clock (as the recorder writes it)."""
+    import json
+
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["clock"] = {"utc_ns": utc_ns, "monotonic_ns": monotonic_ns, "host": "test"}
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_a_run_with_a_clock_anchor_shows_utc_beside_seq(tmp_path: Path) -> None:
+    plain = data.load_audit([LIVE])
+    (run_id,) = plain.run_ids
+    first_ts = int(data.occupancy(plain, run_id)["ts_ns"].iloc[0])
+    anchored = data.load_audit([_with_clock(LIVE, tmp_path / "live", 1_764_500_000_000_000_000,
+                                            first_ts)])
+    occ = data.occupancy(anchored, run_id)
+    assert data.has_clock(anchored, run_id)
+    assert occ["utc"].iloc[0] == pd.Timestamp(1_764_500_000_000_000_000, unit="ns", tz="UTC")
+
+
+def test_a_run_without_a_clock_anchor_is_seq_only() -> None:
+    plain = data.load_audit([LIVE])
+    (run_id,) = plain.run_ids
+    assert not data.has_clock(plain, run_id)
+    assert "utc" not in data.occupancy(plain, run_id).columns
+
+
+def test_timeline_lanes_keep_the_claims_and_requests_that_matter(audit: data.Audit) -> None:
+    from dashboard import report
+
+    claims = report.important_claims(audit, MULTI_RUN, limit=2)
+    assert set(claims["lane"]) == {"d:best", "d:soft"}  # harm first (6 blocks each)
+    assert "x:hold" not in set(claims["lane"])  # 20 blocks, but relaxation: after harm
+    kept = report.important_claims(audit, MULTI_RUN, highlight="x:hold", limit=2)
+    assert "x:hold" in set(kept["lane"])  # the chosen claim is always drawn
+    requests = report.important_requests(audit, MULTI_RUN, limit=6)
+    assert {"g-big-909c0703", "i-huge-8c01ee5e"} <= set(requests["lane"])  # harm, refusal
+    assert "a-doc-9d85846a" not in set(requests["lane"])

@@ -1,0 +1,100 @@
+"""``kvclaims dashboard`` and ``kvclaims report``: the audit for people, in a browser or as
+one HTML file. Registered by ``kvclaims.cli``; nothing here imports Streamlit until the
+dashboard starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from recorder.schema import InputError
+
+APP = Path(__file__).resolve().parent / "app.py"
+LOCAL = "127.0.0.1"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``dashboard`` and ``report``."""
+    d = sub.add_parser(
+        "dashboard", help="serve the audit dashboard (Streamlit) on 127.0.0.1",
+        description="Serve the audit dashboard for run or sweep directories (default: the "
+                    "shipped traces). It listens on 127.0.0.1 only unless --host says "
+                    "otherwise, browses only under the directories given here, and answers "
+                    "GET /_stcore/health when up.")
+    d.add_argument("paths", nargs="*", metavar="PATH", help="run or sweep directories")
+    d.add_argument("--port", type=_port, default=8501, help="TCP port (default 8501)")
+    d.add_argument("--host", default=LOCAL,
+                   help="address to listen on (default 127.0.0.1; anything else exposes the "
+                        "unauthenticated dashboard to that network)")
+    d.set_defaults(func=_dashboard)
+
+    r = sub.add_parser(
+        "report", help="write a self-contained HTML incident report",
+        description="Write one self-contained HTML page (charts embedded, nothing fetched when "
+                    "opened) with the headline, the timeline, the claims, the findings and "
+                    "the conformance verdicts of the given run or sweep directories.")
+    r.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run or sweep directories")
+    r.add_argument("--out", required=True, type=Path, help="HTML file to write")
+    r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    r.set_defaults(func=_report)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 1-65535: {port}")
+    return port
+
+
+def streamlit_command(paths: list[str], port: int, host: str) -> list[str]:
+    """The ``streamlit run`` command line the dashboard is served with.
+
+    NOTE: the safety settings are flags, not only ``.streamlit/config.toml`` (read from the
+    working directory), so they hold wherever ``kvclaims dashboard`` is started.
+    """
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.address", host, "--server.port", str(port),
+            "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.showErrorDetails", "none", "--client.toolbarMode", "viewer",
+            "--", *paths]
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    for p in args.paths:
+        if not Path(p).is_dir():
+            raise InputError(f"{p}: no such directory")
+    if args.host != LOCAL:
+        print(f"kvclaims dashboard: warning: listening on {args.host}: anyone who can reach "
+              "it can read these traces (no authentication)", file=sys.stderr)
+    print(f"kvclaims dashboard: http://{args.host}:{args.port}/ (Ctrl-C to stop)",
+          file=sys.stderr)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(APP.parent.parent), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        return subprocess.call(streamlit_command(list(args.paths), args.port, args.host),
+                               env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from dashboard.report import write_report
+    from kvclaims.progress import Progress
+
+    if args.out.is_dir():
+        raise InputError(f"{args.out}: is a directory; name the HTML file to write")
+    with Progress("report", quiet=args.quiet, key="report") as progress:
+        try:
+            write_report(args.paths, str(args.out), progress=progress.stage)
+        except OSError as exc:  # an unwritable --out is bad input, one line
+            raise InputError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
+    print(args.out)
+    return 0
