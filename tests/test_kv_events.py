@@ -110,7 +110,10 @@ def test_positions_and_parents_follow_the_chain(tmp_path):
                              (1, payload([stored(t[BS:], parent=h[0], hashes=h[1:])], 2.0))])
     rows = query(tmp_path / "r", "SELECT block_hash, parent_hash, position, request_id FROM "
                                  "events WHERE event = 'block_cached' ORDER BY seq")
-    assert rows == [(h[0], None, 0, None), (h[1], h[0], 1, None), (h[2], h[1], 2, None)]
+    # NOTE: the trace holds keyed hashes (docs/design.md §4): the chain survives keying
+    k = [r[0] for r in rows]
+    assert rows == [(k[0], None, 0, None), (k[1], k[0], 1, None), (k[2], k[1], 2, None)]
+    assert set(k).isdisjoint(h)
 
 
 def test_an_unseen_parent_leaves_the_position_unknown(tmp_path):
@@ -445,7 +448,11 @@ def test_listen_records_vllms_publisher_and_stops_on_sigterm(tmp_path):
     h = SCHEME.chain64(t, BS)
     claims = tmp_path / "claims.jsonl"
     claims.write_text(json.dumps({"claim_id": "c", "tenant": "t", "token_ids": t}) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # one deployment key for the live run and the re-import, so their keyed hashes agree
+    key = tmp_path / "hash.key"
+    key.write_text("kvclaims-test-deployment-key-0123456789")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "KVCLAIMS_HASH_KEY_FILE": str(key)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvclaims.cli", "listen", "--bind", "--endpoint",
          f"tcp://127.0.0.1:{pub_port}", "--replay", f"tcp://127.0.0.1:{replay_port}",
@@ -470,8 +477,12 @@ def test_listen_records_vllms_publisher_and_stops_on_sigterm(tmp_path):
     assert m["complete"] and m["kv_events"]["batches"] == 2
     assert labels(run, tmp_path) == [("c", 2, "harm")]
     # the capture re-imports into the same events (timestamps aside)
-    assert main(["import", str(tmp_path / "cap.bin"), "--from", "vllm-kv-events",
-                 "--out", str(tmp_path / "imported")]) == 0
+    os.environ["KVCLAIMS_HASH_KEY_FILE"] = str(key)
+    try:
+        assert main(["import", str(tmp_path / "cap.bin"), "--from", "vllm-kv-events",
+                     "--out", str(tmp_path / "imported")]) == 0
+    finally:
+        del os.environ["KVCLAIMS_HASH_KEY_FILE"]
     sql = ("SELECT event, block_id, block_hash, position, claim_id FROM events "
            "WHERE event NOT IN ('run_started', 'run_finished') ORDER BY seq")
     imported = query(tmp_path / "imported", sql)
