@@ -1,7 +1,7 @@
 """The dashboard's data: run directories in, the DataFrames each page shows out.
 
-Data flows one way (docs/design.md): run directories -> ``reconstruct.loader.load_runs`` ->
-``queries.audit`` (the reconstructor, then ``queries.apply``) -> the documented views. Nothing here
+Data flows one way (docs/design.md): run directories -> ``kvclaims.open`` (the streamed
+reconstruction, then the documented views) -> the pages. Nothing here
 imports the recorder's scheduler or vLLM, and no number is computed here that a view or a
 reconstructed table does not already hold: these functions select, filter and reshape.
 
@@ -134,18 +134,15 @@ def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
 
 def open_audit(paths: Sequence[PathLike],
                progress: Callable[[str], None] | None = None) -> tuple[Any, Any]:
-    """The one place the dashboard opens an audit: ``(con, trace)`` where ``con.sql(text)``
-    returns a DuckDB relation over ``events``, the reconstructed tables and the documented
-    views, and ``trace`` carries ``manifests``, ``run_dirs`` and ``truncations``.
-
-    NOTE: every page reads through this function, so switching to the audit facade
-    (``kvclaims.open(paths)``) is a one-line change here.
+    """The one place the dashboard opens an audit: ``(audit, audit)`` — the audit facade
+    (``kvclaims.open``), whose ``.sql(text)`` returns a DuckDB relation over ``events``, the
+    reconstructed tables and the documented views, and which carries ``manifests``,
+    ``run_dirs`` and ``truncations``.
     """
-    import queries
-    from reconstruct.loader import load_runs
+    import kvclaims
 
-    trace = load_runs(list(paths))
-    return queries.audit(trace, progress=progress), trace
+    audit = kvclaims.open(list(paths), progress=progress)
+    return audit, audit
 
 
 def load_audit(paths: Sequence[PathLike],

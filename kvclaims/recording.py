@@ -204,15 +204,11 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def open_audit(run_dirs: list[Path]) -> Any:
-    """The one place ``record`` and ``sweep`` open an audit: a connection whose ``.sql(text)``
-    sees ``events``, the reconstructed tables and the documented views.
+    """The one place ``record`` and ``sweep`` open an audit: the audit facade, whose
+    ``.sql(text)`` sees ``events``, the reconstructed tables and the documented views."""
+    import kvclaims
 
-    NOTE: switching to the audit facade (``kvclaims.open(run_dirs)``) is a one-line change.
-    """
-    import queries
-    from reconstruct.loader import load_runs
-
-    return queries.audit(load_runs(run_dirs))
+    return kvclaims.open(run_dirs)
 
 
 def _claims_and_losses(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
