@@ -439,8 +439,9 @@ class EventBuffer:
     def emit(self, event: str, **fields: Any) -> None:
         """Record one event. Never raises, never waits for I/O.
 
-        ``fields`` are the event's fields (DESIGN.md §3); they are validated later on the
-        writer thread, and an invalid event is replaced by a ``recorder_gap``.
+        ``fields`` are the event's fields (docs/design.md, "Event vocabulary"); they are
+        validated later on the writer thread, and an invalid event is replaced by a
+        ``recorder_gap``.
         """
         self._make_emit()(event, **fields)  # pragma: no cover - shadowed per instance
 

@@ -21,6 +21,7 @@ REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.v1.core.sched.scheduler", "Scheduler",
      ("add_request", "schedule", "update_from_output", "_preempt_request", "_free_request",
       "finish_requests")),
+    ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", ("schedule",)),
 )
 
 
