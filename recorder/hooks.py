@@ -37,7 +37,12 @@ def group_keys(block_hashes: Sequence[bytes], group_id: int = 0) -> list[bytes]:
 
 def cached_blocks(pool: Any, key: bytes) -> Iterable[Any]:
     """Every block of ``pool`` that holds content ``key`` now (vLLM keeps duplicates)."""
-    found = pool.cached_block_hash_to_block._cache.get(key)
+    index = pool.cached_block_hash_to_block
+    cache = getattr(index, "_cache", None)
+    if cache is None:  # NOTE: another vLLM layout: one copy is enough to start watching
+        block = index.get_one_block(key)
+        return () if block is None else (block,)
+    found = cache.get(key)
     if found is None:
         return ()
     return list(found.values()) if isinstance(found, dict) else (found,)
