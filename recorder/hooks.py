@@ -48,13 +48,38 @@ def cached_blocks(pool: Any, key: bytes) -> Iterable[Any]:
     return list(found.values()) if isinstance(found, dict) else (found,)
 
 
+class RecordingHashIndex:
+    """Mixin over vLLM's ``BlockHashToBlockMap`` (the pool's prefix-cache index).
+
+    NOTE: vLLM removes a cached block's content only through ``pop``, so every loss passes
+    here once per evicted key, and blocks without content cost nothing (hooking
+    ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block).
+    ``kvc_sink`` says what a successful pop means: None, a loss to report now (an explicit
+    eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair, a loss to collect
+    (the pool's hook emits the whole list as one entry); False, not a loss (vLLM moving or
+    promoting a hash inside ``cache_full_blocks`` / ``move_block_hashes``).
+    """
+
+    kvc_pool: RecordingBlockPool
+    kvc_sink: Any = None
+
+    def pop(self, key: Any, block_id: int) -> Any:
+        block = super().pop(key, block_id)  # type: ignore[misc]
+        if block is not None:
+            sink = self.kvc_sink
+            if sink is None:
+                self.kvc_pool.kvc_lost_now(block_id, key)
+            elif sink is not False:
+                sink[0].append(block_id)
+                sink[1].append(key)
+        return block
+
+
 class RecordingBlockPool:
     """Mixin over ``vllm.v1.core.block_pool.BlockPool``."""
 
     kvc_sched: KVClaimsMixin
-    kvc_cause: str = "explicit"
-    # (block ids, keys) evicted by the allocation in progress; None outside get_new_blocks
-    kvc_lost: tuple[list[int], list[bytes]] | None = None
+    cached_block_hash_to_block: Any  # vLLM's; its class is swapped by kvc_watch_index
 
     def get_new_blocks(self, num_blocks: int) -> list:
         kvc = self.kvc_sched
@@ -62,53 +87,77 @@ class RecordingBlockPool:
         if arbiter.has_soft_claims:
             kvc.kvc_safely(_defer_soft_claimed, self.free_block_queue,  # type: ignore[attr-defined]
                            num_blocks, arbiter.is_soft_claimed)
+        index = self.cached_block_hash_to_block
         lost: tuple[list[int], list[bytes]] = ([], [])
-        self.kvc_lost = lost
+        index.kvc_sink = lost
         try:
             blocks = super().get_new_blocks(num_blocks)  # type: ignore[misc]
         finally:
-            self.kvc_lost = None
+            index.kvc_sink = None
         try:
             request_id = kvc.kvc_current_request_id
-            ids, keys = lost
-            if ids:
-                kvc.kvc_emit_many("block_evicted", len(ids), {
-                    "block_id": ids, "block_hash": keys, "cause": "allocation",
-                    "by_request_id": request_id})
-                if arbiter.watched:
-                    kvc.kvc_safely(arbiter.on_lost_many, ids, keys)
+            if lost[0]:
+                self.kvc_report_lost(lost, "allocation", request_id)
             kvc.kvc_emit_many("block_allocated", len(blocks), {
                 "block_id": [b.block_id for b in blocks], "request_id": request_id})
         except Exception as exc:  # noqa: BLE001
             kvc.kvc_failed("get_new_blocks", exc)
         return blocks
 
-    def _maybe_evict_cached_block(self, block: Any) -> bool:
-        key = block.block_hash
-        by_block = self.cached_block_hashes_by_block  # type: ignore[attr-defined]
-        extra = by_block.get(block.block_id) if by_block else None
-        if extra:
-            extra = list(extra)
-        evicted = super()._maybe_evict_cached_block(block)  # type: ignore[misc]
-        if not evicted:
-            return evicted
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        index = self.cached_block_hash_to_block
+        lost: tuple[list[int], list[bytes]] = ([], [])
+        index.kvc_sink = lost
         try:
-            keys = ([key] if key is not None else []) + (extra or [])
-            lost = self.kvc_lost
-            if lost is not None:  # inside get_new_blocks: emitted there, as one entry
-                lost[0].extend([block.block_id] * len(keys))
-                lost[1].extend(keys)
-                return evicted
-            kvc = self.kvc_sched
-            kvc.kvc_emit_many("block_evicted", len(keys), {
-                "block_id": block.block_id, "block_hash": keys, "cause": self.kvc_cause,
-                "by_request_id": kvc.kvc_current_request_id})
-            if kvc.kvc_arbiter.watched:
-                for k in keys:
-                    kvc.kvc_safely(kvc.kvc_arbiter.on_lost, block.block_id, k)
+            super().evict_blocks(block_ids)  # type: ignore[misc]
+        finally:
+            index.kvc_sink = None
+        if lost[0]:
+            try:
+                self.kvc_report_lost(lost, "explicit", self.kvc_sched.kvc_current_request_id)
+            except Exception as exc:  # noqa: BLE001
+                self.kvc_sched.kvc_failed("evict_blocks", exc)
+
+    def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
+        # NOTE: vLLM's copy-on-write path for Mamba-style state (single_type_kv_cache_manager):
+        # the cached content moves to a private copy; no content is lost, so no event. The
+        # arbiter learns the new holder of claimed content.
+        index = self.cached_block_hash_to_block
+        index.kvc_sink = False
+        try:
+            super().move_block_hashes(src_block, dst_block)  # type: ignore[misc]
+        finally:
+            index.kvc_sink = None
+        kvc = self.kvc_sched
+        key = dst_block.block_hash
+        if key is not None and key in kvc.kvc_arbiter.watched:
+            kvc.kvc_safely(kvc.kvc_arbiter.on_resident, dst_block, key)
+
+    def kvc_report_lost(self, lost: tuple[list[int], list[bytes]], cause: str,
+                        request_id: str | None) -> None:
+        """One ``block_evicted`` entry for collected losses; tell the arbiter of claimed ones."""
+        kvc = self.kvc_sched
+        ids, keys = lost
+        kvc.kvc_emit_many("block_evicted", len(ids), {
+            "block_id": ids, "block_hash": keys, "cause": cause, "by_request_id": request_id})
+        if kvc.kvc_arbiter.watched:
+            kvc.kvc_safely(kvc.kvc_arbiter.on_lost_many, ids, keys)
+
+    def kvc_lost_now(self, block_id: int, key: bytes) -> None:
+        """A loss outside an allocation or ``evict_blocks`` call (vLLM evicting one block)."""
+        try:
+            self.kvc_report_lost(([block_id], [key]), "explicit",
+                                 self.kvc_sched.kvc_current_request_id)
         except Exception as exc:  # noqa: BLE001
             self.kvc_sched.kvc_failed("_maybe_evict_cached_block", exc)
-        return evicted
+
+    def kvc_watch_index(self) -> None:
+        """Mix ``RecordingHashIndex`` into the pool's current prefix-cache index."""
+        index = self.cached_block_hash_to_block
+        if not isinstance(index, RecordingHashIndex):
+            base = type(index)
+            index.__class__ = type(f"Recording{base.__name__}", (RecordingHashIndex, base), {})
+        index.kvc_pool = self
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
                           num_full_blocks: int, block_size: int, kv_cache_group_id: int,
@@ -120,8 +169,14 @@ class RecordingBlockPool:
             return
         new = blocks[num_cached_blocks:num_full_blocks]
         before = [b.block_hash for b in new]
-        super().cache_full_blocks(request, blocks, num_cached_blocks,  # type: ignore[misc]
-                                  num_full_blocks, block_size, kv_cache_group_id, block_mask)
+        index = self.cached_block_hash_to_block
+        index.kvc_sink = False  # a partial block's hash promoted to a full one: not a loss
+        try:
+            super().cache_full_blocks(request, blocks, num_cached_blocks,  # type: ignore[misc]
+                                      num_full_blocks, block_size, kv_cache_group_id,
+                                      block_mask)
+        finally:
+            index.kvc_sink = None
         try:
             _record_cached(kvc, request, new, before, num_cached_blocks)
         except Exception as exc:  # noqa: BLE001
@@ -143,6 +198,7 @@ class RecordingBlockPool:
         done = super().reset_prefix_cache()  # type: ignore[misc]
         if done:
             kvc = self.kvc_sched
+            kvc.kvc_safely(self.kvc_watch_index)  # vLLM replaced the index with a new one
             kvc.kvc_emit("cache_reset", reason="reset_prefix_cache")
             kvc.kvc_safely(kvc.kvc_arbiter.on_reset)
         return done
@@ -192,9 +248,14 @@ class RecordingKVCacheManager:
                        **kwargs: Any) -> Any:
         kvc = self.kvc_sched
         admitting = kvc.kvc_is_admission(request)
-        if admitting and not kvc.kvc_safely(kvc.kvc_admit, request, *args, fallback=True,
-                                            **kwargs):
-            return None
+        if admitting:
+            try:
+                admit = kvc.kvc_admit(request, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - fail open: vLLM decides alone
+                kvc.kvc_failed("kvc_admit", exc)
+                admit = True
+            if not admit:
+                return None
         previous, kvc.kvc_current_request_id = kvc.kvc_current_request_id, request.request_id
         try:
             result = super().allocate_slots(request, num_new_tokens,  # type: ignore[misc]
@@ -202,7 +263,10 @@ class RecordingKVCacheManager:
         finally:
             kvc.kvc_current_request_id = previous
         if admitting and result is not None:
-            kvc.kvc_safely(kvc.kvc_admitted, request, *args, **kwargs)
+            try:
+                kvc.kvc_admitted(request, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                kvc.kvc_failed("kvc_admitted", exc)
         return result
 
     def free(self, request: Any) -> None:
@@ -247,3 +311,4 @@ def install(scheduler: KVClaimsMixin) -> None:
         base = type(obj)
         obj.__class__ = type(f"Recording{base.__name__}", (mixin, base), {})
         obj.kvc_sched = scheduler
+    pool.kvc_watch_index()

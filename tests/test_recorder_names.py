@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.v1.core.block_pool import BlockPool  # noqa: E402
+from vllm.v1.core.block_pool import BlockHashToBlockMap, BlockPool  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -26,8 +26,9 @@ from recorder import hooks, scheduler  # noqa: E402
 OVERRIDES = {
     "scheduler": {"add_request", "schedule", "update_from_output", "_preempt_request",
                   "_free_request", "shutdown", "__init__", "__new__"},
-    "pool": {"get_new_blocks", "_maybe_evict_cached_block", "cache_full_blocks", "free_blocks",
-             "reset_prefix_cache"},
+    "pool": {"get_new_blocks", "evict_blocks", "move_block_hashes", "cache_full_blocks",
+             "free_blocks", "reset_prefix_cache"},
+    "index": {"pop"},
     "manager": {"allocate_slots", "free"},
 }
 
@@ -83,6 +84,7 @@ CASES = [
                    scheduler.KVClaimsAsyncScheduler), (Scheduler, AsyncScheduler), ""),
     ("pool", (hooks.RecordingBlockPool,), (BlockPool,), inspect.getsource(hooks.install)),
     ("manager", (hooks.RecordingKVCacheManager,), (KVCacheManager,), ""),
+    ("index", (hooks.RecordingHashIndex,), (BlockHashToBlockMap,), ""),
 ]
 
 
@@ -99,7 +101,8 @@ def test_every_added_name_is_kvc_prefixed_or_an_intended_override(kind, ours, th
 
 
 @pytest.mark.parametrize("kind, theirs", [("scheduler", (Scheduler,)), ("pool", (BlockPool,)),
-                                          ("manager", (KVCacheManager,))])
+                                          ("manager", (KVCacheManager,)),
+                                          ("index", (BlockHashToBlockMap,))])
 def test_intended_overrides_are_real_vllm_methods(kind, theirs):
     assert OVERRIDES[kind] - {"__init__", "__new__"} <= vllm_names(*theirs)
 
