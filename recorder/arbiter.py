@@ -177,8 +177,8 @@ class ClaimArbiter:
     def _bound(self, claim_id: str, hashes: list[Hashable]) -> None:
         if self._emit_many is not None:
             self._emit_many("claim_bound", len(hashes), {"claim_id": claim_id,
-                                                  "block_hash": list(hashes),
-                                                  "position": list(range(len(hashes)))})
+                                                  "block_hash": tuple(hashes),
+                                                  "position": tuple(range(len(hashes)))})
             return
         for position, key in enumerate(hashes):
             self._emit("claim_bound", claim_id=claim_id, block_hash=key, position=position)

@@ -155,17 +155,17 @@ def value_problem(name: str, value: Any) -> str | None:
 
 def event_problem(event: Any, fields: dict[str, Any]) -> str | None:
     """Describe why one pending event cannot be written, or None if it can."""
-    if isinstance(event, BulkEvent):
+    if _is_bulk(event):
         try:
             _expand(([0], [0], [event], [fields]))
         except Exception as exc:  # noqa: BLE001 - any reason makes the entry unwritable
-            return f"event '{event.name}' x{event.n}: {exc}"
+            return f"event {event[0]!r} x{event[1]}: {exc}"
         for name, value in fields.items():
-            for v in (value if isinstance(value, list) and _KINDS.get(name) != "list"
+            for v in (value if isinstance(value, _COLUMN_TYPES) and _KINDS.get(name) != "list"
                       else [value]):
                 problem = value_problem(name, v)
                 if problem:
-                    return f"event '{event.name}': {problem}"
+                    return f"event {event[0]!r}: {problem}"
         return None
     allowed = _ALLOWED.get(event) if isinstance(event, str) else None
     if allowed is None:
@@ -234,24 +234,20 @@ def build_batch(seqs: list[int], ts: list[int], events: list[str],
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-class BulkEvent(tuple):
-    """The event slot of a pending ``emit_many`` entry: ``(name, n)`` (a tuple, so untracked
-    by the cyclic GC like the str it replaces)."""
-
-    __slots__ = ()
-
-    @property
-    def name(self) -> str:
-        return self[0]
-
-    @property
-    def n(self) -> int:
-        return self[1]
+# NOTE: a pending ``emit_many`` entry's event slot is a plain ``(name, n)`` tuple and its
+# columns are tuples (or lists, converted by the caller's choice): plain tuples and dicts of
+# ints, bytes, str and None are untracked by the cyclic GC at its first pass, so thousands of
+# pending entries never make the engine's full collections walk them.
+def _is_bulk(event: Any) -> bool:
+    return event.__class__ is tuple
 
 
 def _entry_len(event: Any) -> int:
     """How many events (seqs) one pending entry holds."""
-    return event[1] if event.__class__ is BulkEvent else 1
+    return event[1] if event.__class__ is tuple else 1
+
+
+_COLUMN_TYPES = (list, tuple)
 
 
 def _check_names(events: list[Any], field_dicts: list[dict[str, Any]]) -> None:
@@ -271,7 +267,7 @@ def _expand(pending: PendingLists) -> tuple[list[int], list[int], list[str],
     columns by its lists (or its scalar repeated), so the Python work is per entry, not per row.
     """
     seqs, ts, events, field_dicts = pending
-    bulk_at = [i for i, e in enumerate(events) if e.__class__ is BulkEvent]
+    bulk_at = [i for i, e in enumerate(events) if e.__class__ is tuple]
     if not bulk_at:
         _check_names(events, field_dicts)
         used = set().union(*field_dicts)
@@ -281,7 +277,7 @@ def _expand(pending: PendingLists) -> tuple[list[int], list[int], list[str],
     out_seq: list[int] = []
     out_ts: list[int] = []
     out_ev: list[str] = []
-    singles = [i for i in range(len(events)) if events[i].__class__ is not BulkEvent]
+    singles = [i for i in range(len(events)) if events[i].__class__ is not tuple]
     _check_names([events[i] for i in singles], [field_dicts[i] for i in singles])
     for i in bulk_at:
         name, n = events[i]
@@ -291,7 +287,7 @@ def _expand(pending: PendingLists) -> tuple[list[int], list[int], list[str],
         if not allowed.issuperset(field_dicts[i]):
             raise KeyError(f"event {name!r} has fields it may not carry")
         for key, value in field_dicts[i].items():
-            if isinstance(value, list) and _KINDS[key] != "list" and len(value) != n:
+            if isinstance(value, _COLUMN_TYPES) and _KINDS[key] != "list" and len(value) != n:
                 raise ValueError(f"event {name!r}: column '{key}' has {len(value)} values "
                                  f"for {n} events")
     used = set().union(*field_dicts)
@@ -307,7 +303,7 @@ def _expand(pending: PendingLists) -> tuple[list[int], list[int], list[str],
             fields = field_dicts[i]
             for key, col in columns.items():
                 value = fields.get(key)
-                if isinstance(value, list) and _KINDS[key] != "list":
+                if isinstance(value, _COLUMN_TYPES) and _KINDS[key] != "list":
                     col.extend(value)
                 else:
                     col.extend(repeat(value, n))
@@ -482,8 +478,9 @@ class EventBuffer:
     def emit_many(self, event: str, n: int, fields: dict[str, Any]) -> None:
         """Record ``n`` events of one kind as one entry. Never raises, never waits for I/O.
 
-        Each value in ``fields`` is a list of ``n`` values (one per event) or one value shared
-        by all ``n`` (a list-typed column, ``blocking_claim_ids``, is always shared). The
+        Each value in ``fields`` is a tuple (or list) of ``n`` values, one per event, or one
+        value shared by all ``n`` (a list-typed column, ``blocking_claim_ids``, is always
+        shared). Tuples keep the pending entry invisible to the cyclic GC. The
         events take ``n`` consecutive seqs and one ``ts_ns``.
         """
         self._make_emit_many()(event, n, fields)  # pragma: no cover - shadowed per instance
@@ -506,7 +503,7 @@ class EventBuffer:
                 return
             try:
                 ts = clock()
-                entry = BulkEvent((event, n))
+                entry = (event, n)
                 with lock:
                     k = len(seqs)
                     if k >= state.limit:

@@ -99,7 +99,7 @@ class RecordingBlockPool:
             if lost[0]:
                 self.kvc_report_lost(lost, "allocation", request_id)
             kvc.kvc_emit_many("block_allocated", len(blocks), {
-                "block_id": [b.block_id for b in blocks], "request_id": request_id})
+                "block_id": tuple([b.block_id for b in blocks]), "request_id": request_id})
         except Exception as exc:  # noqa: BLE001
             kvc.kvc_failed("get_new_blocks", exc)
         return blocks
@@ -139,7 +139,8 @@ class RecordingBlockPool:
         kvc = self.kvc_sched
         ids, keys = lost
         kvc.kvc_emit_many("block_evicted", len(ids), {
-            "block_id": ids, "block_hash": keys, "cause": cause, "by_request_id": request_id})
+            "block_id": tuple(ids), "block_hash": tuple(keys), "cause": cause,
+            "by_request_id": request_id})
         if kvc.kvc_arbiter.watched:
             kvc.kvc_safely(kvc.kvc_arbiter.on_lost_many, ids, keys)
 
@@ -186,7 +187,7 @@ class RecordingBlockPool:
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
         super().free_blocks(blocks)  # type: ignore[misc]
         try:
-            ids = [b.block_id for b in blocks if not b.is_null]
+            ids = tuple([b.block_id for b in blocks if not b.is_null])
             if ids:
                 kvc = self.kvc_sched
                 kvc.kvc_emit_many("block_freed", len(ids), {
@@ -233,8 +234,9 @@ def _record_cached(kvc: KVClaimsMixin, request: Any, new: list, before: list,
         parents = [hashes[p - 1] if 0 < p <= len(hashes) else None for p in positions]
     keys = [b.block_hash for b in kept]
     kvc.kvc_emit_many("block_cached", len(kept), {
-        "block_id": [b.block_id for b in kept], "block_hash": keys, "parent_hash": parents,
-        "position": positions, "request_id": request.request_id})
+        "block_id": tuple([b.block_id for b in kept]), "block_hash": tuple(keys),
+        "parent_hash": tuple(parents), "position": tuple(positions),
+        "request_id": request.request_id})
     if kvc.kvc_arbiter.watched:
         kvc.kvc_safely(kvc.kvc_arbiter.on_resident_many, kept, keys)
 

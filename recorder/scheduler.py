@@ -284,8 +284,8 @@ class KVClaimsMixin:
         blocks = [b for _, b in kept]
         keys = [b.block_hash for b in blocks]
         self.kvc_emit_many("block_hit", len(kept), {
-            "block_id": [b.block_id for b in blocks], "block_hash": keys,
-            "position": [p for p, _ in kept], "request_id": request.request_id})
+            "block_id": tuple([b.block_id for b in blocks]), "block_hash": tuple(keys),
+            "position": tuple([p for p, _ in kept]), "request_id": request.request_id})
         if self.kvc_arbiter.watched:
             self.kvc_arbiter.on_resident_many(blocks, keys)
 
