@@ -156,6 +156,7 @@ def value_problem(name: str, value: Any) -> str | None:
 def event_problem(event: Any, fields: dict[str, Any]) -> str | None:
     """Describe why one pending event cannot be written, or None if it can."""
     if _is_bulk(event):
+        fields = dict(fields)
         try:
             _expand(([0], [0], [event], [fields]))
         except Exception as exc:  # noqa: BLE001 - any reason makes the entry unwritable
@@ -268,6 +269,9 @@ def _expand(pending: PendingLists) -> tuple[list[int], list[int], list[str],
     """
     seqs, ts, events, field_dicts = pending
     bulk_at = [i for i, e in enumerate(events) if e.__class__ is tuple]
+    if bulk_at:
+        # bulk entries hold their columns as a tuple of (name, values) pairs (see emit_many)
+        field_dicts = [dict(f) if f.__class__ is tuple else f for f in field_dicts]
     if not bulk_at:
         _check_names(events, field_dicts)
         used = set().union(*field_dicts)
@@ -504,6 +508,9 @@ class EventBuffer:
             try:
                 ts = clock()
                 entry = (event, n)
+                # NOTE: pairs, not the dict: a tuple of tuples of untracked values is untracked
+                # by the GC's first pass; a dict holding tuples would stay tracked while pending
+                fields = tuple(fields.items())
                 with lock:
                     k = len(seqs)
                     if k >= state.limit:
