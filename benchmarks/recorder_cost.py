@@ -240,24 +240,28 @@ def engine_main(args: argparse.Namespace) -> int:
 
 
 def as_hook_calls(events: list[tuple[str, dict]]) -> list[tuple[str, int, dict]]:
-    """Group consecutive events of one kind and request into ``emit_many`` entries (what one
-    hook call emits: a whole allocation, cache step, hit list or free list)."""
+    """Group each request's events by kind into ``emit_many`` entries (what one hook call
+    emits: a whole allocation, cache step, hit list, free list or eviction list)."""
     calls: list[tuple[str, int, dict]] = []
-    i = 0
-    while i < len(events):
-        name, first = events[i]
-        rid = first.get("request_id", first.get("by_request_id"))
-        j = i
-        while j < len(events) and events[j][0] == name and \
-                events[j][1].get("request_id", events[j][1].get("by_request_id")) == rid:
-            j += 1
-        group = [f for _, f in events[i:j]]
-        cols = {k: [f[k] for f in group] for k in first}
-        for k in ("request_id", "by_request_id", "cause"):
-            if k in cols:
-                cols[k] = first[k]
-        calls.append((name, j - i, cols))
-        i = j
+    current: dict[str, list[dict]] = {}
+    current_rid = None
+
+    def flush() -> None:
+        for name, group in current.items():
+            cols = {k: tuple(f[k] for f in group) for k in group[0]}
+            for k in ("request_id", "by_request_id", "cause"):
+                if k in cols:
+                    cols[k] = group[0][k]
+            calls.append((name, len(group), cols))
+        current.clear()
+
+    for name, fields in events:
+        rid = fields.get("request_id", fields.get("by_request_id"))
+        if rid != current_rid:
+            flush()
+            current_rid = rid
+        current.setdefault(name, []).append(fields)
+    flush()
     return calls
 
 
