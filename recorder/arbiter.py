@@ -1,35 +1,43 @@
 """The claim arbiter: tracks every claim's lifecycle and enforces the protection modes.
 
 It knows nothing of vLLM's classes: the block-pool hooks tell it what happens to block content
-(``on_resident`` / ``on_lost``), and it acts on the pool only through two callbacks, ``pin`` and
-``unpin`` (an extra reference through vLLM's own ``BlockPool.touch`` / ``free_blocks``).
+(``on_resident`` / ``on_lost``), and it acts on the pool only through callbacks: ``pin`` and
+``unpin`` (an extra reference through vLLM's own ``BlockPool.touch`` / ``free_blocks``) and
+``lookup`` (the blocks that hold some content now, asked once per claim at acceptance).
+Block contents are opaque hashable keys (on vLLM, ``BlockHashWithGroupId`` of group 0).
 
 NOTE: invariants
+- ``claims`` holds only claims in force; a claim that ends (released, demoted, expired) is
+  dropped with everything that indexes it, so per-step and per-block work is proportional to
+  the claims in force, never to every claim ever made;
+- only content bound to a claim in force is watched (``watched``): the hooks skip every other
+  block without calling in here;
 - a block is pinned at most once, however many claims protect it (``_pins[block_id]`` holds
   the set of claims); it is unpinned when that set becomes empty;
 - only claims in force under an enforcing policy, in a pinning mode, pin blocks;
 - ``claim_demoted`` / ``claim_expired`` / ``claim_released`` are emitted before the unpin that
-  can make their blocks victims, so a relaxation loss always follows its release in the trace.
+  can make their blocks victims, so a relaxation loss always follows its release in the trace;
+- only protected blocks make the arbiter defer or refuse: with no pinned block, or for a
+  request that would not fit even an empty pool, vLLM's own behaviour applies.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from recorder.claims import ClaimDeclaration, Rejection, parse_claim
-from recorder.policies import PINNING_MODES, Policy
-from recorder.schema import hash64
+from recorder.policies import OFFLOAD_REJECTION, PINNING_MODES, Policy
 
 Emit = Callable[..., None]
 Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here
 
 
-@dataclass
+@dataclass(eq=False)
 class Claim:
-    """One accepted claim and its live state."""
+    """One accepted claim in force and its live state."""
 
     decl: ClaimDeclaration
     request_id: str
@@ -37,21 +45,16 @@ class Claim:
     threshold: int
     hashes: list[Hashable]  # bound content, by logical position
     deadline: float | None  # engine monotonic clock
-    status: str = "in_force"  # in_force | demoted | expired | released
     missing: int = 0  # positions < threshold not resident
     materialized: bool = False
-    broken: bool = False  # predicate held once and is now false
-
-    @property
-    def in_force(self) -> bool:
-        return self.status == "in_force"
+    pinned: set[int] = field(default_factory=set)  # block ids this claim holds a pin on
 
 
 @dataclass(frozen=True)
 class Admission:
     """The arbiter's answer for a request asking for blocks."""
 
-    action: str  # admit | defer | refuse
+    action: str  # admit | defer | wait | refuse
     fields: dict[str, Any] = field(default_factory=dict)
 
 
@@ -61,29 +64,42 @@ class ClaimArbiter:
     def __init__(self, policy: Policy, usable_blocks: int, emit: Emit,
                  pin: Callable[[list[Block]], None], unpin: Callable[[list[Block]], None],
                  *, max_defer_steps: int = 1, max_defer_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 lookup: Callable[[Hashable], Iterable[Block]] | None = None,
+                 max_protected_blocks_per_tenant: int | None = None,
+                 emit_many: Callable[[str, int, dict[str, Any]], None] | None = None):
         self.policy = policy
         self.usable_blocks = usable_blocks
         self.max_defer_steps = max_defer_steps
         self.max_defer_s = max_defer_s
+        self.max_protected_blocks_per_tenant = max_protected_blocks_per_tenant
         self._emit = emit
+        self._emit_many = emit_many
         self._pin_cb = pin
         self._unpin_cb = unpin
+        self._lookup = lookup
         self._clock = clock
-        self.claims: dict[str, Claim] = {}
+        self.claims: dict[str, Claim] = {}  # in force only
+        self._expiring: dict[str, Claim] = {}  # in force with a deadline
         self._by_hash: dict[Hashable, list[tuple[Claim, int]]] = {}
-        self._resident: dict[Hashable, dict[int, Block]] = {}  # hash -> block_id -> block
+        self._resident: dict[Hashable, dict[int, Block]] = {}  # watched content only
         self._pins: dict[int, set[str]] = {}
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
         self._deferrals: dict[str, tuple[int, float]] = {}  # request -> (steps, since)
         self._soft_in_force: set[str] = set()
+        self._tenant_blocks: dict[str | None, int] = {}  # blocks claimed by protecting claims
 
     # ----------------------------------------------------------------- declarations
     def on_request(self, request_id: str, raw: dict[str, Any] | None,
-                   releases: Sequence[str], block_hashes: Sequence[Hashable]) -> None:
-        """Handle the releases and the claim (``raw_claim`` form) a new request declares."""
+                   releases: Sequence[str], block_hashes: Sequence[Hashable],
+                   tenant: str | None = None) -> None:
+        """Handle the releases and the claim (``raw_claim`` form) a new request declares.
+
+        ``tenant`` is the requester's tenant, as set by the gateway in front of the server:
+        a release is honoured only for a claim of that same tenant.
+        """
         for claim_id in releases:
-            self.release(claim_id, reason=f"released by request {request_id}")
+            self._release_by_request(claim_id, request_id, tenant)
         if raw is None:
             return
         parsed = parse_claim(raw, request_id, len(block_hashes))
@@ -93,77 +109,146 @@ class ClaimArbiter:
                    protection_mode=_str_or_none(raw.get("protection_mode")),
                    threshold_blocks=_int_or_none(raw.get("threshold_blocks")),
                    ttl_s=_float_or_none(raw.get("ttl_s")), value=_float_or_none(raw.get("value")))
+        shortfall = None
         if isinstance(parsed, ClaimDeclaration):
-            parsed = self._check_in_context(parsed)
+            parsed, shortfall = self._check_in_context(parsed, len(block_hashes))
         if isinstance(parsed, Rejection):
             self._emit("claim_rejected", claim_id=claim_id, reason=parsed.reason,
-                       request_id=request_id)
+                       request_id=request_id, shortfall_blocks=shortfall)
             return
         self._accept(parsed, request_id, list(block_hashes))
 
-    def _check_in_context(self, decl: ClaimDeclaration) -> ClaimDeclaration | Rejection:
+    def _check_in_context(self, decl: ClaimDeclaration, full_blocks: int
+                          ) -> tuple[ClaimDeclaration | Rejection, int | None]:
         mode = decl.protection_mode or self.policy.default_mode
-        existing = self.claims.get(decl.claim_id)
-        if existing is not None and existing.in_force:
-            return Rejection(decl.claim_id, "a claim with this claim_id is already in force", {})
+        if decl.claim_id in self.claims:
+            return Rejection(decl.claim_id, "a claim with this claim_id is already in force",
+                             {}), None
+        if mode == "offloadable":
+            # NOTE: fail-closed: accepting a promise this runtime cannot keep would hide harm.
+            return Rejection(decl.claim_id, OFFLOAD_REJECTION, {}), None
         if mode == "expiring" and decl.ttl_s is None:
-            return Rejection(decl.claim_id, "protection_mode 'expiring' needs ttl_s", {})
-        return decl
+            return Rejection(decl.claim_id, "protection_mode 'expiring' needs ttl_s", {}), None
+        limit = self.max_protected_blocks_per_tenant
+        if limit is not None and self._would_protect(mode):
+            used = self._tenant_blocks.get(decl.tenant, 0)
+            shortfall = used + full_blocks - limit
+            if shortfall > 0:
+                return Rejection(decl.claim_id, f"tenant's protected blocks would exceed "
+                                 f"max_protected_blocks_per_tenant={limit}", {}), shortfall
+        return decl, None
+
+    def _would_protect(self, mode: str) -> bool:
+        return self.policy.enforce and mode in PINNING_MODES
 
     def _accept(self, decl: ClaimDeclaration, request_id: str, hashes: list[Hashable]) -> None:
         mode = decl.protection_mode or self.policy.default_mode
         threshold = decl.threshold_blocks or len(hashes)
         deadline = None if decl.ttl_s is None else self._clock() + decl.ttl_s
         claim = Claim(decl, request_id, mode, threshold, hashes, deadline)
-        self.claims[decl.claim_id] = claim
+        cid = decl.claim_id
+        self.claims[cid] = claim
+        if deadline is not None:
+            self._expiring[cid] = claim
         if mode == "soft_priority":
-            self._soft_in_force.add(decl.claim_id)
-        self._emit("claim_accepted", claim_id=decl.claim_id)
-        for position, block_hash in enumerate(hashes):
-            self._emit("claim_bound", claim_id=decl.claim_id, block_hash=hash64(block_hash),
-                       position=position)
-            self._by_hash.setdefault(block_hash, []).append((claim, position))
-            copies = self._resident.get(block_hash)
+            self._soft_in_force.add(cid)
+        if self._would_protect(mode):
+            self._tenant_blocks[decl.tenant] = self._tenant_blocks.get(decl.tenant, 0) + \
+                len(hashes)
+        self._emit("claim_accepted", claim_id=cid)
+        n = len(hashes)
+        if n:
+            self._bound(cid, hashes)
+        protects = self._protects(claim)
+        for position, key in enumerate(hashes):
+            entries = self._by_hash.get(key)
+            if entries is None:
+                entries = self._by_hash[key] = []
+                self._watch(key)
+            entries.append((claim, position))
+            copies = self._resident.get(key)
             if position < threshold and not copies:
                 claim.missing += 1
-            if copies and self._protects(claim):
+            if copies and protects:
                 for block in copies.values():
                     self._pin(claim, block, position)
         self._check_materialized(claim)
 
+    def _bound(self, claim_id: str, hashes: list[Hashable]) -> None:
+        if self._emit_many is not None:
+            self._emit_many("claim_bound", len(hashes), {"claim_id": claim_id,
+                                                  "block_hash": tuple(hashes),
+                                                  "position": tuple(range(len(hashes)))})
+            return
+        for position, key in enumerate(hashes):
+            self._emit("claim_bound", claim_id=claim_id, block_hash=key, position=position)
+
+    def _watch(self, key: Hashable) -> None:
+        """Start watching content: learn which blocks hold it now."""
+        if self._lookup is None:
+            return
+        blocks = {b.block_id: b for b in self._lookup(key)}
+        if blocks:
+            self._resident[key] = blocks
+
     # ----------------------------------------------------------------- block content
-    def on_resident(self, block: Block, block_hash: Hashable) -> None:
+    @property
+    def watched(self) -> dict[Hashable, Any]:
+        """Content bound to claims in force (hooks test membership before calling in)."""
+        return self._by_hash
+
+    def on_resident(self, block: Block, key: Hashable) -> None:
         """A block now holds reusable content (cached, or hit by a request)."""
-        copies = self._resident.setdefault(block_hash, {})
+        entries = self._by_hash.get(key)
+        if not entries:
+            return
+        copies = self._resident.setdefault(key, {})
         first_copy = not copies
         copies[block.block_id] = block
-        for claim, position in self._by_hash.get(block_hash, ()):
+        for claim, position in list(entries):
             if first_copy and position < claim.threshold:
                 claim.missing -= 1
                 self._check_materialized(claim)
             if self._protects(claim):
                 self._pin(claim, block, position)
 
-    def on_lost(self, block_id: int, block_hash: Hashable) -> None:
+    def on_resident_many(self, blocks: Sequence[Block], keys: Sequence[Hashable]) -> None:
+        """``on_resident`` for the watched ones among parallel blocks and keys."""
+        watched = self._by_hash
+        for block, key in zip(blocks, keys):
+            if key in watched:
+                self.on_resident(block, key)
+
+    def on_lost(self, block_id: int, key: Hashable) -> None:
         """A block's content was evicted; report harm where a predicate breaks."""
-        copies = self._resident.get(block_hash)
+        copies = self._resident.get(key)
         if not copies or copies.pop(block_id, None) is None or copies:
             return
-        del self._resident[block_hash]
-        for claim, position in self._by_hash.get(block_hash, ()):
+        del self._resident[key]
+        for claim, position in self._by_hash.get(key, ()):
             if position >= claim.threshold:
                 continue
             claim.missing += 1
-            if claim.missing == 1 and claim.materialized and claim.in_force:
-                claim.broken = True
-                self._emit("claim_harmed", claim_id=claim.decl.claim_id,
-                           block_hash=hash64(block_hash))
+            if claim.missing == 1 and claim.materialized:
+                self._emit("claim_harmed", claim_id=claim.decl.claim_id, block_hash=key)
+
+    def on_lost_many(self, block_ids: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """``on_lost`` for the watched ones among parallel block ids and keys."""
+        watched = self._by_hash
+        for block_id, key in zip(block_ids, keys):
+            if key in watched:
+                self.on_lost(block_id, key)
 
     def on_reset(self) -> None:
         """vLLM dropped every cached hash (``reset_prefix_cache``)."""
-        for block_hash, copies in list(self._resident.items()):
+        for key, copies in list(self._resident.items()):
             for block_id in list(copies):
-                self.on_lost(block_id, block_hash)
+                self.on_lost(block_id, key)
+
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether any claim in force can expire (the per-step check is skipped otherwise)."""
+        return bool(self._expiring)
 
     @property
     def has_soft_claims(self) -> bool:
@@ -174,62 +259,120 @@ class ClaimArbiter:
         """Whether a claim holds an extra reference on this block."""
         return block_id in self._pins
 
-    def is_soft_claimed(self, block_hash: Hashable) -> bool:
+    def is_soft_claimed(self, key: Hashable) -> bool:
         """Whether evicting this content should wait for every unclaimed candidate."""
         if not self.policy.enforce:
             return False
-        return any(c.in_force and c.mode == "soft_priority"
-                   for c, _ in self._by_hash.get(block_hash, ()))
+        return any(c.mode == "soft_priority" for c, _ in self._by_hash.get(key, ()))
 
     # ----------------------------------------------------------------- lifecycle
     def tick(self) -> None:
-        """Expire claims whose ttl has passed (called at every scheduler step)."""
-        now = self._clock()
-        for claim in list(self.claims.values()):
-            if claim.in_force and claim.deadline is not None and now >= claim.deadline:
-                self._end(claim, "expired", "claim_expired", f"ttl_s={claim.decl.ttl_s} elapsed")
+        """Expire claims whose ttl has passed (called at every scheduler step).
 
-    def release(self, claim_id: str, reason: str = "released") -> bool:
-        """Release an in-force claim explicitly; False if there is none by that id."""
+        NOTE: walks only the claims in force that have a deadline.
+        """
+        if not self._expiring:
+            return
+        now = self._clock()
+        for claim in [c for c in self._expiring.values() if now >= c.deadline]:  # type: ignore
+            self._end(claim, "claim_expired", f"ttl_s={claim.decl.ttl_s} elapsed")
+
+    def release(self, claim_id: str, reason: str = "released by the operator") -> bool:
+        """The operator's release (in-process API); False if no claim by that id is in force."""
         claim = self.claims.get(claim_id)
-        if claim is None or not claim.in_force:
+        if claim is None:
             return False
-        self._end(claim, "released", "claim_released", reason)
+        self._end(claim, "claim_released", reason, released_by="operator")
         return True
 
-    def _end(self, claim: Claim, status: str, event: str, reason: str, **extra: Any) -> None:
-        claim.status = status
-        self._soft_in_force.discard(claim.decl.claim_id)
-        self._emit(event, claim_id=claim.decl.claim_id, reason=reason, **extra)
+    def _release_by_request(self, claim_id: str, request_id: str, tenant: str | None) -> None:
+        """A request asks to release a claim: honoured only for the claim's own tenant."""
+        claim = self.claims.get(claim_id)
+        if claim is None:
+            return
+        if tenant is None or claim.decl.tenant != tenant:
+            reason = ("the releasing request names no tenant" if tenant is None else
+                      "the releasing request's tenant does not own the claim")
+            self._emit("claim_release_refused", claim_id=claim_id, reason=reason,
+                       request_id=request_id, tenant=tenant)
+            return
+        self._end(claim, "claim_released", f"released by request {request_id}",
+                  released_by="tenant", request_id=request_id, tenant=tenant)
+
+    def _end(self, claim: Claim, event: str, reason: str, **extra: Any) -> None:
+        cid = claim.decl.claim_id
+        del self.claims[cid]
+        self._expiring.pop(cid, None)
+        self._soft_in_force.discard(cid)
+        if self._would_protect(claim.mode):
+            left = self._tenant_blocks.get(claim.decl.tenant, 0) - len(claim.hashes)
+            if left > 0:
+                self._tenant_blocks[claim.decl.tenant] = left
+            else:
+                self._tenant_blocks.pop(claim.decl.tenant, None)
+        self._emit(event, claim_id=cid, reason=reason, **extra)
         self._unpin_claim(claim)
+        self._unwatch(claim)
+
+    def _unwatch(self, claim: Claim) -> None:
+        for key in set(claim.hashes):
+            entries = self._by_hash.get(key)
+            if entries is None:
+                continue
+            entries[:] = [e for e in entries if e[0] is not claim]
+            if not entries:
+                del self._by_hash[key]
+                self._resident.pop(key, None)
+
+    def forget(self, request_id: str) -> None:
+        """A request finished: drop its deferral bookkeeping."""
+        self._deferrals.pop(request_id, None)
 
     # ----------------------------------------------------------------- admission
     @property
     def protected_blocks(self) -> int:
         return len(self._pins)
 
+    def blocking_claim_ids(self) -> list[str]:
+        """Claims in force that hold at least one pinned block."""
+        return sorted(cid for cid, c in self.claims.items() if c.pinned)
+
+    def protected_split(self, tenant: str | None) -> tuple[int, int]:
+        """(blocks protected only by other tenants' claims, blocks protected by ``tenant``'s).
+
+        For a refused request's client-visible message: it may count other tenants' blocks,
+        never name their claims.
+        """
+        own = 0
+        for owners in self._pins.values():
+            if tenant is not None and any(self.claims[c].decl.tenant == tenant for c in owners
+                                          if c in self.claims):
+                own += 1
+        return len(self._pins) - own, own
+
     def admit(self, request_id: str, blocks_required: int, free_blocks: int) -> Admission:
         """Decide whether a waiting request may allocate ``blocks_required`` new blocks.
 
         NOTE: feasibility is ``protected + required <= usable``; only an enforcing policy can
-        defer or refuse, and only because of protected blocks.
+        defer or refuse, and only because of protected blocks: with none, or for a request
+        that would not fit even an empty pool, vLLM's own behaviour applies.
         """
         fields = {"request_id": request_id, "blocks_required": blocks_required,
                   "free_blocks": free_blocks, "usable_blocks": self.usable_blocks}
-        if not self.policy.enforce:
-            return Admission("admit", {**fields, "protected_blocks": self.protected_blocks})
-        shortfall = self.protected_blocks + blocks_required - self.usable_blocks
+        if not self.policy.enforce or not self._pins or blocks_required > self.usable_blocks:
+            self._deferrals.pop(request_id, None)
+            return Admission("admit", {**fields, "protected_blocks": len(self._pins)})
+        shortfall = len(self._pins) + blocks_required - self.usable_blocks
         if shortfall > 0:
             for claim in self._demotion_plan(shortfall):
-                self._end(claim, "demoted", "claim_demoted",
-                          f"conflict with request {request_id}", by_request_id=request_id)
-            shortfall = self.protected_blocks + blocks_required - self.usable_blocks
-        fields["protected_blocks"] = self.protected_blocks
+                self._end(claim, "claim_demoted", f"conflict with request {request_id}",
+                          by_request_id=request_id)
+            shortfall = len(self._pins) + blocks_required - self.usable_blocks
+        fields["protected_blocks"] = len(self._pins)
         if shortfall <= 0:
             self._deferrals.pop(request_id, None)
             return Admission("admit", fields)
-        blocking = sorted({cid for cids in self._pins.values() for cid in cids})
-        fields.update(blocking_claim_ids=blocking, shortfall_blocks=shortfall)
+        fields.update(blocking_claim_ids=self.blocking_claim_ids(), shortfall_blocks=shortfall)
         fields["reason"] = "protected_resident_capacity"
         steps, since = self._deferrals.get(request_id, (0, self._clock()))
         if steps >= self.max_defer_steps and self._clock() - since >= self.max_defer_s:
@@ -241,7 +384,7 @@ class ClaimArbiter:
 
     def _demotion_plan(self, shortfall: int) -> list[Claim]:
         """The fewest demotable claims (lowest value first) whose blocks cover the shortfall."""
-        candidates = [c for c in self.claims.values() if c.in_force and c.mode == "demotable"]
+        candidates = [c for c in self.claims.values() if c.mode == "demotable"]
         gains = {c.decl.claim_id: self._sole_pins(c) for c in candidates}
         candidates.sort(key=lambda c: (c.decl.value, -gains[c.decl.claim_id]))
         plan: list[Claim] = []
@@ -258,37 +401,42 @@ class ClaimArbiter:
 
     def _sole_pins(self, claim: Claim) -> int:
         cid = claim.decl.claim_id
-        return sum(1 for cids in self._pins.values() if cids == {cid})
+        return sum(1 for b in claim.pinned if self._pins.get(b) == {cid})
 
     # ----------------------------------------------------------------- pins
     def _protects(self, claim: Claim) -> bool:
-        return self.policy.enforce and claim.in_force and claim.mode in PINNING_MODES
+        return self.policy.enforce and claim.mode in PINNING_MODES
 
     def _pin(self, claim: Claim, block: Block, position: int) -> None:
+        cid = claim.decl.claim_id
         owners = self._pins.get(block.block_id)
         if owners is None:
-            self._pins[block.block_id] = {claim.decl.claim_id}
+            self._pins[block.block_id] = {cid}
             self._pinned[block.block_id] = (block, position)
             self._pin_cb([block])
         else:
-            owners.add(claim.decl.claim_id)
+            owners.add(cid)
+        claim.pinned.add(block.block_id)
 
     def _unpin_claim(self, claim: Claim) -> None:
         cid = claim.decl.claim_id
         released: list[tuple[Block, int]] = []
-        for block_id, owners in list(self._pins.items()):
-            if cid in owners:
-                owners.discard(cid)
-                if not owners:
-                    del self._pins[block_id]
-                    released.append(self._pinned.pop(block_id))
+        for block_id in claim.pinned:
+            owners = self._pins.get(block_id)
+            if owners is None:
+                continue
+            owners.discard(cid)
+            if not owners:
+                del self._pins[block_id]
+                released.append(self._pinned.pop(block_id))
+        claim.pinned.clear()
         if released:
             # Tail first, like vLLM frees a finished request: the leading blocks survive longest.
             released.sort(key=lambda bp: -bp[1])
             self._unpin_cb([block for block, _ in released])
 
     def _check_materialized(self, claim: Claim) -> None:
-        if claim.missing == 0 and claim.in_force and not claim.materialized:
+        if claim.missing == 0 and not claim.materialized:
             claim.materialized = True
             self._emit("claim_materialized", claim_id=claim.decl.claim_id)
 

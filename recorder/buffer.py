@@ -1,17 +1,31 @@
 """The recorder's hot path: an in-memory event buffer drained by a background writer thread.
 
 ``EventBuffer.emit(event, **fields)`` is what the engine calls. It only stamps ``seq`` and
-``ts_ns`` and appends to four pending lists under a lock: no validation, no Arrow work. A
-daemon thread wakes every ``flush_interval_s`` (or as soon as ``batch_events`` are waiting),
-validates and converts the pending events column-wise into ``pa.RecordBatch``es and hands them
-to a ``RunWriter``.
+``ts_ns`` and appends to four pending lists under a lock: no validation, no Arrow work.
+``EventBuffer.emit_many(event, n, fields)`` records ``n`` events of one kind from one hook call
+as ONE pending entry whose field values are columns (lists of length ``n``) or scalars shared by
+all ``n`` rows: a whole allocation, free list or cache step costs one append, not ``n``. A
+daemon thread wakes every ``flush_interval_s`` (or as soon as ``batch_events`` entries are
+waiting), expands, validates and converts the pending events column-wise into
+``pa.RecordBatch``es and hands them to a ``RunWriter``.
+
+The engine's scheduler step: ``advance_step()`` (called once per ``schedule()``) records a mark
+``(first seq of the step, step)``; the writer thread fills the ``step`` column of every event
+from those marks (a vectorised search by ``seq``), so stamping the step costs the hot path
+nothing. A buffer built with ``step=None`` writes null steps (importers).
+
+Block hashes: a ``bytes`` value in ``block_hash`` is vLLM's ``BlockHashWithGroupId`` (the digest
+then a 4-byte group id) and in ``parent_hash`` a plain ``BlockHash``; the writer thread turns
+them into the 64-bit integers of the schema (the digest's low 64 bits, like vLLM's own KV
+events), vectorised, so the engine never converts a hash.
 
 NOTE: invariants
 - ``seq`` is strictly increasing from 0 and every seq is accounted for: it is either written,
   or covered by a ``recorder_gap`` event written later (``first_seq..last_seq``);
 - ``run_started`` is seq 0 (emitted by the constructor from the writer's run facts) and
   ``run_finished`` is the last event (emitted by ``close()``);
-- memory is bounded: at most ``capacity`` events are waiting (pending or being converted); past
+- memory is bounded: at most ``capacity`` pending entries (an entry is one event, or the
+  events of one ``emit_many`` call, at most one per block of the pool) are waiting (pending or being converted); past
   that, events are dropped and counted, and the next accepted event is preceded by a
   ``recorder_gap`` (reason ``buffer_full``) covering the dropped span;
 - ``emit`` never raises into the caller and never blocks on I/O; every internal failure is
@@ -22,6 +36,7 @@ NOTE: invariants
 from __future__ import annotations
 
 import atexit
+import bisect
 import numbers
 import os
 import threading
@@ -30,6 +45,7 @@ import weakref
 from itertools import repeat
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 
 from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, EVENTS, RECORDER_VERSION,
@@ -92,8 +108,39 @@ def _type_ok(kind: str, typ: type) -> bool:
     return ok
 
 
+# Hash columns that take vLLM's raw digests (bytes) and how many trailing bytes to strip first:
+# ``block_hash`` carries BlockHashWithGroupId (4-byte group id appended), ``parent_hash`` a plain
+# BlockHash.
+_HASH_STRIP: Final[dict[str, int]] = {"block_hash": 4, "parent_hash": 0}
+
+
+def _hash_ints(values: list[Any], strip: int) -> list[Any]:
+    """Turn vLLM digests (bytes) in a hash column into their low-64-bit integers.
+
+    NOTE: vectorised when every value is bytes of one length (the usual case: one hash
+    function per engine); ints and None pass through unchanged otherwise.
+    """
+    types = set(map(type, values))
+    if bytes not in types:
+        return values
+    if types == {bytes}:
+        width = len(values[0])
+        if width >= 8 + strip and all(len(v) == width for v in values):
+            raw = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), width)
+            low = raw[:, width - strip - 8:width - strip]
+            return np.ascontiguousarray(low).view(">u8").ravel().astype(np.uint64).tolist()
+    return [_hash_one(v, strip) if isinstance(v, bytes) else v for v in values]
+
+
+def _hash_one(value: bytes, strip: int) -> int:
+    body = value[:len(value) - strip] if strip else value
+    return int.from_bytes(body[-8:], "big", signed=False)
+
+
 def value_problem(name: str, value: Any) -> str | None:
     """Describe why ``value`` cannot go into column ``name``, or None if it can."""
+    if isinstance(value, bytes) and name in _HASH_STRIP:
+        value = _hash_one(value, _HASH_STRIP[name])
     kind = _KINDS[name]
     if not _type_ok(kind, type(value)):
         return f"field '{name}' has wrong type {type(value).__name__}"
@@ -108,6 +155,19 @@ def value_problem(name: str, value: Any) -> str | None:
 
 def event_problem(event: Any, fields: dict[str, Any]) -> str | None:
     """Describe why one pending event cannot be written, or None if it can."""
+    if _is_bulk(event):
+        fields = dict(fields)
+        try:
+            _expand(([0], [0], [event], [fields]))
+        except Exception as exc:  # noqa: BLE001 - any reason makes the entry unwritable
+            return f"event {event[0]!r} x{event[1]}: {exc}"
+        for name, value in fields.items():
+            for v in (value if isinstance(value, _COLUMN_TYPES) and _KINDS.get(name) != "list"
+                      else [value]):
+                problem = value_problem(name, v)
+                if problem:
+                    return f"event {event[0]!r}: {problem}"
+        return None
     allowed = _ALLOWED.get(event) if isinstance(event, str) else None
     if allowed is None:
         return f"unknown event {event!r}"
@@ -122,6 +182,8 @@ def event_problem(event: Any, fields: dict[str, Any]) -> str | None:
 
 def _column_array(name: str, values: list[Any]) -> pa.Array:
     kind = _KINDS[name]
+    if name in _HASH_STRIP:
+        values = _hash_ints(values, _HASH_STRIP[name])
     for typ in set(map(type, values)):  # NOTE: a handful of distinct types: cheap
         if not _type_ok(kind, typ):
             raise TypeError(f"field '{name}' has wrong type {typ.__name__}")
@@ -132,12 +194,27 @@ def _column_array(name: str, values: list[Any]) -> pa.Array:
     return pa.array(values, COLUMNS[name])
 
 
+def _step_array(seqs: list[int], marks: list[tuple[int, int]] | None) -> pa.Array | None:
+    """The ``step`` column: each seq takes the step of the last mark at or before it."""
+    if not marks or not seqs:
+        return None
+    mark_seqs = np.fromiter((m[0] for m in marks), dtype=np.int64, count=len(marks))
+    mark_steps = np.fromiter((m[1] for m in marks), dtype=np.int64, count=len(marks))
+    idx = np.searchsorted(mark_seqs, np.asarray(seqs, dtype=np.int64), side="right") - 1
+    before = idx < 0
+    steps = mark_steps[np.maximum(idx, 0)]
+    return pa.array(steps, pa.int64(), mask=before if before.any() else None)
+
+
 def build_batch(seqs: list[int], ts: list[int], events: list[str],
-                run_ids: str | list[str], columns: dict[str, list[Any]]) -> pa.RecordBatch:
+                run_ids: str | list[str], columns: dict[str, list[Any]],
+                step_marks: list[tuple[int, int]] | None = None) -> pa.RecordBatch:
     """Build one ``ARROW_SCHEMA`` batch from column lists (missing columns are all null).
 
     ``run_ids`` is one id for every row (the recorder) or one per row (importers).
-    Raises (TypeError, ArrowException, OverflowError, ...) if a value does not fit its column.
+    ``step_marks`` (``(first_seq, step)``, ascending) fill the ``step`` column unless
+    ``columns`` has one. Raises (TypeError, ArrowException, OverflowError, ...) if a value does
+    not fit its column.
     """
     n = len(seqs)
     if isinstance(run_ids, str):
@@ -147,31 +224,118 @@ def build_batch(seqs: list[int], ts: list[int], events: list[str],
         run_col = pa.array(run_ids, COLUMNS["run_id"])
     arrays: list[pa.Array] = [run_col, pa.array(seqs, pa.int64()), pa.array(ts, pa.int64()),
                               pa.array(events, COLUMNS["event"])]
+    steps = None if "step" in columns else _step_array(seqs, step_marks)
     for name in _FIELD_COLUMNS:
         values = columns.get(name)
-        arrays.append(pa.nulls(n, COLUMNS[name]) if values is None
-                      else _column_array(name, values))
+        if name == "step" and steps is not None:
+            arrays.append(steps)
+        else:
+            arrays.append(pa.nulls(n, COLUMNS[name]) if values is None
+                          else _column_array(name, values))
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-def pending_to_batch(pending: PendingLists, run_id: str) -> pa.RecordBatch:
-    """Convert pending events column-wise into a batch; raises if any event is bad.
+# NOTE: a pending ``emit_many`` entry's event slot is a plain ``(name, n)`` tuple and its
+# columns are tuples (or lists, converted by the caller's choice): plain tuples and dicts of
+# ints, bytes, str and None are untracked by the cyclic GC at its first pass, so thousands of
+# pending entries never make the engine's full collections walk them.
+def _is_bulk(event: Any) -> bool:
+    return event.__class__ is tuple
 
-    NOTE: the fast path checks each distinct (event, field names) combination once and value
-    types per column, so its Python work is a few C-level passes over the lists; the caller
-    falls back to ``event_problem`` per event only when this raises.
-    """
-    seqs, ts, events, field_dicts = pending
+
+def _entry_len(event: Any) -> int:
+    """How many events (seqs) one pending entry holds."""
+    return event[1] if event.__class__ is tuple else 1
+
+
+_COLUMN_TYPES = (list, tuple)
+
+
+def _check_names(events: list[Any], field_dicts: list[dict[str, Any]]) -> None:
     for event, names in set(zip(events, map(tuple, field_dicts))):
         allowed = _ALLOWED.get(event)
         if allowed is None:
             raise KeyError(f"unknown event {event!r}")
         if not allowed.issuperset(names):
             raise KeyError(f"event {event!r} has fields it may not carry")
+
+
+def _expand(pending: PendingLists) -> tuple[list[int], list[int], list[str],
+                                            dict[str, list[Any]]]:
+    """Expand pending entries (single events and ``emit_many`` entries) into row columns.
+
+    NOTE: runs of single events go through C-level ``map`` passes; each bulk entry extends the
+    columns by its lists (or its scalar repeated), so the Python work is per entry, not per row.
+    """
+    seqs, ts, events, field_dicts = pending
+    bulk_at = [i for i, e in enumerate(events) if e.__class__ is tuple]
+    if bulk_at:
+        # bulk entries hold their columns as a tuple of (name, values) pairs (see emit_many)
+        field_dicts = [dict(f) if f.__class__ is tuple else f for f in field_dicts]
+    if not bulk_at:
+        _check_names(events, field_dicts)
+        used = set().union(*field_dicts)
+        # NOTE: map(dict.get, ...) runs the per-event loop in C
+        return seqs, ts, events, {name: list(map(dict.get, field_dicts, repeat(name)))
+                                  for name in used}
+    out_seq: list[int] = []
+    out_ts: list[int] = []
+    out_ev: list[str] = []
+    singles = [i for i in range(len(events)) if events[i].__class__ is not tuple]
+    _check_names([events[i] for i in singles], [field_dicts[i] for i in singles])
+    for i in bulk_at:
+        name, n = events[i]
+        allowed = _ALLOWED.get(name)
+        if allowed is None:
+            raise KeyError(f"unknown event {name!r}")
+        if not allowed.issuperset(field_dicts[i]):
+            raise KeyError(f"event {name!r} has fields it may not carry")
+        for key, value in field_dicts[i].items():
+            if isinstance(value, _COLUMN_TYPES) and _KINDS[key] != "list" and len(value) != n:
+                raise ValueError(f"event {name!r}: column '{key}' has {len(value)} values "
+                                 f"for {n} events")
     used = set().union(*field_dicts)
-    # NOTE: map(dict.get, ...) runs the per-event loop in C
-    columns = {name: list(map(dict.get, field_dicts, repeat(name))) for name in used}
-    return build_batch(seqs, ts, events, run_id, columns)
+    columns: dict[str, list[Any]] = {name: [] for name in used}
+    bulk_set = set(bulk_at)
+    i = 0
+    while i < len(events):
+        if i in bulk_set:
+            name, n = events[i]
+            out_seq.extend(range(seqs[i], seqs[i] + n))
+            out_ts.extend(repeat(ts[i], n))
+            out_ev.extend(repeat(name, n))
+            fields = field_dicts[i]
+            for key, col in columns.items():
+                value = fields.get(key)
+                if isinstance(value, _COLUMN_TYPES) and _KINDS[key] != "list":
+                    col.extend(value)
+                else:
+                    col.extend(repeat(value, n))
+            i += 1
+            continue
+        j = i
+        while j < len(events) and j not in bulk_set:
+            j += 1
+        out_seq.extend(seqs[i:j])
+        out_ts.extend(ts[i:j])
+        out_ev.extend(events[i:j])
+        run = field_dicts[i:j]
+        for key, col in columns.items():
+            col.extend(map(dict.get, run, repeat(key)))
+        i = j
+    return out_seq, out_ts, out_ev, columns
+
+
+def pending_to_batch(pending: PendingLists, run_id: str,
+                     step_marks: list[tuple[int, int]] | None = None) -> pa.RecordBatch:
+    """Convert pending entries column-wise into a batch; raises if any event is bad.
+
+    NOTE: the fast path checks each distinct (event, field names) combination once and value
+    types per column, so its Python work is a few C-level passes over the lists; the caller
+    falls back to ``event_problem`` per entry only when this raises.
+    """
+    seqs, ts, events, columns = _expand(pending)
+    return build_batch(seqs, ts, events, run_id, columns, step_marks)
 
 
 def _slice(pending: PendingLists, start: int, stop: int) -> PendingLists:
@@ -231,7 +395,7 @@ class EventBuffer:
 
     def __init__(self, writer: RunWriter, run_id: str, *, capacity: int = 1_000_000,
                  flush_interval_s: float = 0.2, batch_events: int = 65536,
-                 emit_run_started: bool = True) -> None:
+                 emit_run_started: bool = True, step: int | None = None) -> None:
         if run_id != writer.run_id:
             raise InputError(f"run_id {run_id!r} differs from the writer's {writer.run_id!r}")
         if capacity < 1 or batch_events < 1 or flush_interval_s <= 0:
@@ -250,6 +414,9 @@ class EventBuffer:
         self._p_ts: list[int] = []
         self._p_ev: list[str] = []
         self._p_fields: list[dict[str, Any]] = []
+        # (first seq of a step, step), ascending; pruned as the writer moves past them
+        self._marks: list[tuple[int, int]] = [] if step is None else [(0, int(step))]
+        self._step = step
         self._errors = 0
         self._error_samples: list[str] = []
         self._pid = os.getpid()
@@ -258,6 +425,7 @@ class EventBuffer:
         # NOTE: the instance attribute shadows the documented method below: a closure over
         # locals costs about a third less per call than a method reading self.* attributes.
         self.emit = self._make_emit()  # type: ignore[method-assign]
+        self.emit_many = self._make_emit_many()  # type: ignore[method-assign]
         if emit_run_started:
             self.emit("run_started", **self._run_started_fields())
         self._thread = threading.Thread(target=self._run, name=f"kvclaims-recorder-{run_id}",
@@ -271,8 +439,9 @@ class EventBuffer:
     def emit(self, event: str, **fields: Any) -> None:
         """Record one event. Never raises, never waits for I/O.
 
-        ``fields`` are the event's fields (DESIGN.md §3); they are validated later on the
-        writer thread, and an invalid event is replaced by a ``recorder_gap``.
+        ``fields`` are the event's fields (docs/design.md, "Event vocabulary"); they are
+        validated later on the writer thread, and an invalid event is replaced by a
+        ``recorder_gap``.
         """
         self._make_emit()(event, **fields)  # pragma: no cover - shadowed per instance
 
@@ -310,25 +479,92 @@ class EventBuffer:
 
         return emit
 
-    def _emit_slow(self, ts: int, event: str, fields: dict[str, Any]) -> None:
+    def emit_many(self, event: str, n: int, fields: dict[str, Any]) -> None:
+        """Record ``n`` events of one kind as one entry. Never raises, never waits for I/O.
+
+        Each value in ``fields`` is a tuple (or list) of ``n`` values, one per event, or one
+        value shared by all ``n`` (a list-typed column, ``blocking_claim_ids``, is always
+        shared). Tuples keep the pending entry invisible to the cyclic GC. The
+        events take ``n`` consecutive seqs and one ``ts_ns``.
+        """
+        self._make_emit_many()(event, n, fields)  # pragma: no cover - shadowed per instance
+
+    def _make_emit_many(self) -> Any:
+        lock = self._lock
+        state = self._state
+        seqs = self._p_seq
+        add_seq, add_ts = seqs.append, self._p_ts.append
+        add_ev, add_fields = self._p_ev.append, self._p_fields.append
+        wake_at = self._batch_events - 1
+        wake = self._wake.set
+        slow = self._emit_slow
+        note_error = self._note_error
+        clock = _monotonic_ns
+
+        def emit_many(event: str, n: int, fields: dict[str, Any]) -> None:
+            """Record ``n`` events of one kind as one entry. Never raises."""
+            if n <= 0:
+                return
+            try:
+                ts = clock()
+                entry = (event, n)
+                # NOTE: pairs, not the dict: a tuple of tuples of untracked values is untracked
+                # by the GC's first pass; a dict holding tuples would stay tracked while pending
+                fields = tuple(fields.items())
+                with lock:
+                    k = len(seqs)
+                    if k >= state.limit:
+                        slow(ts, entry, fields)
+                        return
+                    seq = state.next_seq
+                    state.next_seq = seq + n
+                    add_seq(seq)
+                    add_ts(ts)
+                    add_ev(entry)
+                    add_fields(fields)
+                    if k == wake_at:
+                        wake()
+            except Exception as exc:  # NOTE: the engine must never see a recorder failure
+                note_error(f"emit_many: {exc!r}")
+
+        return emit_many
+
+    def advance_step(self) -> int:
+        """Start the engine's next scheduler step: every later event carries it. Returns it.
+
+        NOTE: one mark per step, no event: the writer fills the ``step`` column from the marks.
+        """
+        with self._lock:
+            step = 0 if self._step is None else self._step + 1
+            self._step = step
+            self._marks.append((self._state.next_seq, step))
+            return step
+
+    @property
+    def step(self) -> int | None:
+        """The current scheduler step (None: this buffer records no steps)."""
+        return self._step
+
+    def _emit_slow(self, ts: int, event: Any, fields: dict[str, Any]) -> None:
         """Closed, full, or a gap to write first. Caller holds _lock."""
         st = self._state
         if st.closed:
             st.after_close += 1
             return
         seq = st.next_seq
+        n = _entry_len(event)
         if len(self._p_seq) + st.inflight >= st.capacity:
-            # NOTE: the dropped event still consumes its seq, so the gap is exact.
-            st.next_seq = seq + 1
+            # NOTE: the dropped events still consume their seqs, so the gap is exact.
+            st.next_seq = seq + n
             if st.gap_first is None:
                 st.gap_first = seq
                 st.update_limit()
-            st.gap_last = seq
-            st.dropped += 1
+            st.gap_last = seq + n - 1
+            st.dropped += n
             return
         if st.gap_first is not None:
             seq = self._append_gap(seq, ts)
-        st.next_seq = seq + 1
+        st.next_seq = seq + n
         self._append(seq, ts, event, fields)
         if len(self._p_seq) >= self._batch_events:
             self._wake.set()
@@ -413,11 +649,19 @@ class EventBuffer:
         st.update_limit()
         return seq + 1
 
-    def _take_pending(self) -> PendingLists:
+    def _take_pending(self) -> tuple[PendingLists, list[tuple[int, int]]]:
+        """Take every pending entry and the step marks that cover them; caller holds _lock."""
         taken = (self._p_seq[:], self._p_ts[:], self._p_ev[:], self._p_fields[:])
         for lst in (self._p_seq, self._p_ts, self._p_ev, self._p_fields):
             lst.clear()
-        return taken
+        marks = self._marks
+        if marks and taken[0]:
+            # NOTE: later entries have larger seqs: marks before the one covering the first
+            # taken seq are never needed again.
+            keep = bisect.bisect_right(marks, (taken[0][0], float("inf"))) - 1
+            if keep > 0:
+                del marks[:keep]
+        return taken, list(marks)
 
     # -- writer thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -437,7 +681,8 @@ class EventBuffer:
                 break
         else:  # a concurrent emitter kept the buffer busy: finish anyway
             with self._lock:
-                self._append_run_finished(self.writer.events_written + len(self._p_seq))
+                self._append_run_finished(self.writer.events_written
+                                          + sum(map(_entry_len, self._p_ev)))
         self._drain()
 
     def _append_run_finished(self, written_before: int) -> None:
@@ -469,13 +714,13 @@ class EventBuffer:
                     with self._lock:
                         if not self._p_seq:
                             break
-                        taken = self._take_pending()
+                        taken, marks = self._take_pending()
                         self._set_inflight(len(taken[0]))
                     try:
                         total = len(taken[0])
                         for start in range(0, total, self._batch_events):
                             stop = min(start + self._batch_events, total)
-                            self._write_chunk(_slice(taken, start, stop))
+                            self._write_chunk(_slice(taken, start, stop), marks)
                             with self._lock:
                                 self._set_inflight(total - stop)
                     finally:
@@ -490,15 +735,15 @@ class EventBuffer:
         self._state.inflight = n
         self._state.update_limit()
 
-    def _write_chunk(self, chunk: PendingLists) -> None:
+    def _write_chunk(self, chunk: PendingLists, marks: list[tuple[int, int]]) -> None:
         try:
-            batch = pending_to_batch(chunk, self.run_id)
+            batch = pending_to_batch(chunk, self.run_id, marks)
         except Exception:
             chunk = self._drop_invalid(chunk)
             if not chunk[0]:
                 return
             try:
-                batch = pending_to_batch(chunk, self.run_id)
+                batch = pending_to_batch(chunk, self.run_id, marks)
             except Exception as exc:  # pragma: no cover - event_problem should have caught it
                 self._lose(chunk, "invalid_event", f"convert: {exc!r}")
                 return
@@ -517,7 +762,7 @@ class EventBuffer:
             if problem is None:
                 keep.append(i)
             else:
-                bad.append(seqs[i])
+                bad.extend(range(seqs[i], seqs[i] + _entry_len(event)))
                 self._note_error(f"seq {seqs[i]}: {problem}")
         self._count_dropped(len(bad))
         for first, last in _spans(bad):
@@ -530,7 +775,9 @@ class EventBuffer:
         """A chunk could not be written: count it and cover its seq span with a gap."""
         self._note_error(message)
         seqs, _ts, events, field_dicts = chunk
-        first, dropped = seqs[0], len(seqs)
+        first, last = seqs[0], seqs[-1] + _entry_len(events[-1]) - 1
+        count = sum(map(_entry_len, events))
+        dropped = count
         for event, fields in zip(events, field_dicts):
             if event == "recorder_gap":
                 # NOTE: a lost gap takes its span with it: the new gap covers that span too
@@ -539,8 +786,8 @@ class EventBuffer:
                 if isinstance(inner, int):
                     first = min(first, inner)
                 dropped += int(fields.get("events_dropped") or 0)
-        self._count_dropped(len(seqs))
-        self.emit("recorder_gap", first_seq=first, last_seq=seqs[-1],
+        self._count_dropped(count)
+        self.emit("recorder_gap", first_seq=first, last_seq=last,
                   events_dropped=dropped, reason=reason)
 
     def _count_dropped(self, n: int) -> None:

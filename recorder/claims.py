@@ -1,6 +1,7 @@
 """Claim declarations: parsing and validating what a request asks for.
 
-A claim travels in ``SamplingParams.extra_args``, in one of three forms (DESIGN.md §7):
+A claim travels in ``SamplingParams.extra_args``, in one of three forms (docs/claims.md,
+"Declaring a claim"):
 
 - nested, from Python: ``{"kv_claim": {"claim_id": "c1", "protection_mode": "hard_protected"}}``
 - one JSON string, over HTTP: ``{"kv_claim": "{\\"claim_id\\": \\"c1\\"}"}``

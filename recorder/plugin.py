@@ -15,12 +15,14 @@ logger = logging.getLogger("kvclaims.recorder")
 # (module, class, methods) the recorder's subclasses override.
 REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.v1.core.block_pool", "BlockPool",
-     ("get_new_blocks", "_maybe_evict_cached_block", "cache_full_blocks", "free_blocks",
-      "reset_prefix_cache", "touch")),
+     ("get_new_blocks", "evict_blocks", "move_block_hashes", "cache_full_blocks",
+      "free_blocks", "reset_prefix_cache", "touch")),
+    ("vllm.v1.core.block_pool", "BlockHashToBlockMap", ("pop",)),
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("allocate_slots", "free")),
     ("vllm.v1.core.sched.scheduler", "Scheduler",
      ("add_request", "schedule", "update_from_output", "_preempt_request", "_free_request",
       "finish_requests")),
+    ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", ("schedule",)),
 )
 
 

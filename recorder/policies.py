@@ -41,21 +41,46 @@ POLICIES: Final[dict[str, Policy]] = {
     )
 }
 
-# What the arbiter does for each mode when the policy enforces claims (manifest + docs).
-MODE_ENFORCEMENT: Final[dict[str, str]] = {
-    "best_effort": "recorded only; its blocks are ordinary cache entries",
-    "soft_priority": "enforced: its cached blocks are evicted only after every unclaimed "
-                     "eviction candidate",
-    "hard_protected": "enforced: its cached blocks hold an extra reference and are never "
-                      "victims; infeasible requests are deferred, then refused",
-    "demotable": "enforced: protected like hard_protected until a conflict, then the fewest, "
-                 "lowest-value claims are demoted (claim_demoted) before any loss",
-    "expiring": "enforced: protected like hard_protected until ttl_s on the engine clock, then "
-                "claim_expired and ordinary",
-    "offloadable": "NOT ENFORCED: accepted and recorded; offload to a lower tier is not "
-                   "implemented, its blocks are ordinary cache entries",
+# The lowering verdicts: what a runtime does with each mode's promise.
+VERDICTS: Final[tuple[str, ...]] = ("enforced", "approximated", "rejected", "recorded only")
+
+OFFLOAD_REJECTION: Final[str] = (
+    "protection_mode 'offloadable' needs a lower KV tier (offload connector), which this "
+    "runtime does not have")
+
+# Verdict and evidence per mode when the policy enforces claims (manifest + docs).
+ENFORCED_LOWERING: Final[dict[str, tuple[str, str]]] = {
+    "best_effort": ("recorded only", "its blocks are ordinary cache entries; the mode promises "
+                    "nothing beyond recording"),
+    "soft_priority": ("approximated", "before each allocation its cached blocks are moved "
+                      "behind every unclaimed eviction candidate in vLLM's free queue"),
+    "hard_protected": ("enforced", "its cached blocks hold an extra reference (BlockPool.touch) "
+                       "and are never victims; infeasible requests are deferred, then refused"),
+    "demotable": ("enforced", "protected like hard_protected until a conflict, then the fewest, "
+                  "lowest-value claims are demoted (claim_demoted) before any loss"),
+    "expiring": ("enforced", "protected like hard_protected until ttl_s on the engine clock, "
+                 "then claim_expired and ordinary"),
+    "offloadable": ("rejected", OFFLOAD_REJECTION),
 }
 
+# One line per mode for the manifest's ``enforcement`` section (kept for older readers).
+MODE_ENFORCEMENT: Final[dict[str, str]] = {
+    mode: f"{verdict}: {evidence}" for mode, (verdict, evidence) in ENFORCED_LOWERING.items()}
+
+
+def lowering(policy: Policy) -> dict[str, dict[str, str]]:
+    """Per protection mode, the verdict and one line of evidence for this run's policy.
+
+    NOTE: the manifest carries this as ``lowering``; ``offloadable`` is rejected under every
+    policy (fail-closed: a promise the runtime cannot keep is never accepted).
+    """
+    out: dict[str, dict[str, str]] = {}
+    for mode, (verdict, evidence) in ENFORCED_LOWERING.items():
+        if not policy.enforce and verdict != "rejected":
+            verdict, evidence = "recorded only", (
+                f"policy {policy.name} does not enforce claims: accepted, recorded and judged")
+        out[mode] = {"verdict": verdict, "evidence": evidence}
+    return out
 
 
 def get_policy(name: str) -> Policy:

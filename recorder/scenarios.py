@@ -173,7 +173,7 @@ def multi_tenant(d: Driver, policy: str) -> None:
         "claim_id": "d:best", "tenant": "tenant-d", "protection_mode": "best_effort"})
     d.submit("d-soft", tokens(105, 6), claim={  # evicted after every unclaimed block
         "claim_id": "d:soft", "tenant": "tenant-d", "protection_mode": "soft_priority"})
-    d.submit("e-off", tokens(106, 4), claim={  # accepted, offload not enforced
+    d.submit("e-off", tokens(106, 4), claim={  # rejected: no lower tier here; still served
         "claim_id": "e:off", "tenant": "tenant-e", "protection_mode": "offloadable"})
     d.submit("e-bad", tokens(107, 2), claim={  # rejected, still served
         "claim_id": "e:bad", "tenant": "tenant-e", "protection_mode": "pinned-forever"})
@@ -190,7 +190,8 @@ def multi_tenant(d: Driver, policy: str) -> None:
     d.submit("h-wait", tokens(112, 45))  # 40 protected + 45 > 80: deferred ...
     for _ in range(3):
         d.step()
-    d.submit("x-release", tokens(113, 1), extra={"kv_claim_release": "x:hold"})
+    d.submit("x-release", tokens(113, 1), extra={"kv_claim_release": "x:hold",
+                                                 "kv_tenant": "tenant-x"})  # the owner
     d.run()  # ... until x:hold is released: then served
     d.submit("i-huge", tokens(114, 75))  # 20 protected + 75 > 80: deferred, then refused
     d.run()
@@ -201,7 +202,8 @@ def multi_tenant(d: Driver, policy: str) -> None:
     d.step()
     d.abort("k-abort")
     d.run()
-    d.submit("a-release", tokens(131, 1), extra={"kv_claim_release": "a:doc"})
+    d.submit("a-release", tokens(131, 1), extra={"kv_claim_release": "a:doc",
+                                                 "kv_tenant": "tenant-a"})
     d.submit("l-big", tokens(132, 70))  # a:doc's blocks go now: relaxation
     d.run()
 

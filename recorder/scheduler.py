@@ -1,4 +1,4 @@
-"""``KVClaimsScheduler``: vLLM's v1 scheduler with the kvclaims recorder and claim arbiter.
+"""vLLM's v1 schedulers with the kvclaims recorder and claim arbiter.
 
 Attach it through vLLM's own extension point, with no patch to vLLM:
 
@@ -7,14 +7,25 @@ Attach it through vLLM's own extension point, with no patch to vLLM:
 - server: ``--scheduler-cls recorder.scheduler.KVClaimsScheduler
   --additional-config '{"kvclaims": {"out": "runs/r1"}}'``
 
+``KVClaimsScheduler`` builds whichever scheduler vLLM itself would have built: when vLLM's
+config has ``scheduler_config.async_scheduling`` on (vLLM 0.32's default on GPUs) it returns a
+``KVClaimsAsyncScheduler`` (over vLLM's ``AsyncScheduler``), otherwise a ``KVClaimsScheduler``
+(over ``Scheduler``). Both share ``KVClaimsMixin``: identical events and enforcement.
+
 Configuration keys (``additional_config["kvclaims"]``, or environment variables
 ``KVCLAIMS_OUT`` / ``KVCLAIMS_POLICY`` / ``KVCLAIMS_RUN_ID`` when absent): ``out`` (run
 directory; default ``./kvclaims-runs/<run_id>``), ``policy`` (default ``native``), ``run_id``,
 ``max_defer_steps`` (default 1) and ``max_defer_s`` (default 0: a request infeasible because
-of protected blocks is refused once it has been deferred that many steps and that long), ``manifest`` (extra manifest keys, e.g. ``scenario``).
+of protected blocks is refused once it has been deferred that many steps and that long),
+``max_protected_blocks_per_tenant`` (default unlimited), ``manifest`` (extra manifest keys,
+e.g. ``scenario``).
 
-NOTE: whatever goes wrong in recording, the engine keeps serving: configuration problems are
-logged and the recorder falls back to defaults; event errors are counted by the buffer.
+NOTE: invariants
+- every attribute the recorder adds to vLLM's objects is named ``kvc_*``; the only other names
+  are the vLLM methods it overrides (``tests/test_recorder_names.py`` checks both);
+- whatever goes wrong in recording, the engine keeps serving: configuration problems are
+  logged and the recorder falls back to defaults; a failing hook or arbiter call is caught,
+  counted and recorded as ``hook_failed`` (fail-open, never silent).
 """
 
 from __future__ import annotations
@@ -26,21 +37,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import RequestStatus
 
 from recorder import hooks
 from recorder.arbiter import ClaimArbiter
-from recorder.claims import declared_claim_id, raw_claim, release_ids
 from recorder.buffer import EventBuffer
-from recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy
+from recorder.claims import declared_claim_id, raw_claim, release_ids
+from recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
 from recorder.schema import InputError
 from recorder.trace_writer import RunWriter
 
 logger = logging.getLogger("kvclaims.recorder")
 
 REFUSAL_STOP_REASON = "kv_claim_refused"
+_MAX_LOGGED_FAILURES = 10
 
 
 def recorder_config(vllm_config: Any) -> dict[str, Any]:
@@ -54,199 +67,317 @@ def recorder_config(vllm_config: Any) -> dict[str, Any]:
     return cfg
 
 
-class KVClaimsScheduler(Scheduler):
-    """Records block, request and claim events and enforces claims per the run policy."""
+def async_scheduling_on(vllm_config: Any) -> bool:
+    """Whether vLLM resolved async scheduling on (it then builds ``AsyncScheduler``)."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+    return bool(getattr(sched, "async_scheduling", False))
+
+
+def _tenant_limit(cfg: dict[str, Any]) -> int | None:
+    value = cfg.get("max_protected_blocks_per_tenant")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        logger.error("kvclaims: max_protected_blocks_per_tenant must be an integer >= 0, got "
+                     "%r; no per-tenant limit", value)
+        return None
+    return value
+
+
+class KVClaimsMixin:
+    """Records block, request and claim events and enforces claims per the run policy.
+
+    Mixed in before vLLM's ``Scheduler`` or ``AsyncScheduler``; every name it adds is
+    ``kvc_*``.
+    """
+
+    # vLLM attributes the mixin reads (set by vLLM's own __init__)
+    kv_cache_manager: Any
+    block_size: int
+    requests: dict[str, Any]
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(vllm_config, *args, **kwargs)
+        super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
+        self.kvc_setup(vllm_config)
+
+    def kvc_setup(self, vllm_config: Any) -> None:
+        """Open the run directory, build the arbiter and install the block-pool hooks."""
         cfg = recorder_config(vllm_config)
         try:
             policy = get_policy(str(cfg.get("policy", "native")))
         except InputError as exc:
             logger.error("kvclaims: %s; recording with policy 'native'", exc)
             policy = POLICIES["native"]
-        self.policy = policy
-        self.run_id = str(cfg.get("run_id") or f"run-{time.strftime('%Y%m%dT%H%M%S')}-"
-                          f"{uuid.uuid4().hex[:6]}")
+        self.kvc_policy = policy
+        self.kvc_run_id = str(cfg.get("run_id") or f"run-{time.strftime('%Y%m%dT%H%M%S')}-"
+                              f"{uuid.uuid4().hex[:6]}")
         pool = self.kv_cache_manager.block_pool
-        self.num_blocks = pool.num_gpu_blocks
-        self.usable_blocks = pool.num_gpu_blocks - 1  # vLLM's block 0 is the null block
-        run_info = self._run_info(vllm_config, cfg)
-        out = Path(cfg.get("out") or Path("kvclaims-runs") / self.run_id)
-        self.events: EventBuffer | None = None
+        self.kvc_num_blocks = pool.num_gpu_blocks
+        self.kvc_usable_blocks = pool.num_gpu_blocks - 1  # vLLM's block 0 is the null block
+        self.kvc_hook_failures = 0
+        limit = _tenant_limit(cfg)
+        run_info = self.kvc_run_info(vllm_config, cfg, limit)
+        out = Path(cfg.get("out") or Path("kvclaims-runs") / self.kvc_run_id)
+        self.kvc_events: EventBuffer | None = None
+        self.kvc_emit: Any = _discard
+        self.kvc_emit_many: Any = _discard_many
         try:
-            self.events = EventBuffer(RunWriter(out, run_info), self.run_id)
-            self.emit = self.events.emit  # the buffer has already emitted run_started
+            # step 0: everything before the first schedule() (run_started, early arrivals)
+            self.kvc_events = EventBuffer(RunWriter(out, run_info), self.kvc_run_id, step=0)
+            self.kvc_emit = self.kvc_events.emit  # the buffer has already emitted run_started
+            self.kvc_emit_many = self.kvc_events.emit_many
         except Exception:  # noqa: BLE001 - an unwritable run directory must not stop serving
             logger.exception("kvclaims: cannot record to %s; serving without a trace", out)
-            self.emit = _discard
-        self.current_request_id: str | None = None
-        self.reuse_denied: set[str] = set()
-        self._admitted_cached_tokens: dict[str, int] = {}
-        self._to_refuse: dict[str, dict[str, Any]] = {}
-        self._pending_admission: dict[str, Any] = {}
-        self.hook_failures = 0
-        self.arbiter = ClaimArbiter(policy, self.usable_blocks, self.emit,
-                                    pin=lambda b: pool.kvc_pin(b),
-                                    unpin=lambda b: pool.kvc_unpin(b),
-                                    max_defer_steps=int(cfg.get("max_defer_steps", 1)),
-                                    max_defer_s=float(cfg.get("max_defer_s", 0.0)))
+        self.kvc_current_request_id: str | None = None
+        self.kvc_reuse_denied: set[str] = set()
+        self.kvc_tenants: dict[str, str] = {}
+        self.kvc_admitted_cached_tokens: dict[str, int] = {}
+        self.kvc_to_refuse: dict[str, str] = {}  # request -> client-visible stop reason
+        self.kvc_pending_admission: dict[str, Any] = {}
+        self.kvc_arbiter = ClaimArbiter(
+            policy, self.kvc_usable_blocks, self.kvc_emit,
+            pin=lambda b: pool.kvc_pin(b), unpin=lambda b: pool.kvc_unpin(b),
+            max_defer_steps=int(cfg.get("max_defer_steps", 1)),
+            max_defer_s=float(cfg.get("max_defer_s", 0.0)),
+            lookup=lambda key: hooks.cached_blocks(pool, key),
+            max_protected_blocks_per_tenant=limit, emit_many=self.kvc_emit_many)
         hooks.install(self)
-        logger.info("kvclaims: recording run %s (policy %s) to %s", self.run_id, policy.name, out)
+        logger.info("kvclaims: recording run %s (policy %s, %s) to %s", self.kvc_run_id,
+                    policy.name, type(self).__name__, out)
 
-    def _run_info(self, vllm_config: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    def kvc_run_info(self, vllm_config: Any, cfg: dict[str, Any],
+                     tenant_limit: int | None) -> dict[str, Any]:
+        """The run facts and extra manifest keys (lowering verdicts, hardware, ...)."""
         import vllm
 
         model = str(getattr(vllm_config.model_config, "served_model_name", None)
                     or vllm_config.model_config.model)
+        policy = self.kvc_policy
         info: dict[str, Any] = {
-            "run_id": self.run_id, "runtime": "vllm",
+            "run_id": self.kvc_run_id, "runtime": "vllm",
             "runtime_version": getattr(vllm, "__version__", "unknown"), "model": model,
             "block_size": int(vllm_config.cache_config.block_size),
-            "num_blocks": int(self.num_blocks), "usable_blocks": int(self.usable_blocks),
-            "policy": self.policy.name, "hardware": describe_hardware(),
-            "enforcement": {"policy": self.policy.summary,
-                            "modes": MODE_ENFORCEMENT if self.policy.enforce else
-                            {m: "recorded only (policy does not enforce)" for m in
-                             MODE_ENFORCEMENT}},
+            "num_blocks": int(self.kvc_num_blocks), "usable_blocks": int(self.kvc_usable_blocks),
+            "policy": policy.name, "hardware": describe_hardware(),
+            "scheduler": type(self).__name__,
+            "enforcement": {"policy": policy.summary,
+                            "modes": MODE_ENFORCEMENT if policy.enforce else
+                            {m: "recorded only (policy does not enforce)" if m != "offloadable"
+                             else MODE_ENFORCEMENT[m] for m in MODE_ENFORCEMENT}},
+            "lowering": lowering(policy),
+            "max_protected_blocks_per_tenant": tenant_limit,
+            # NOTE: present from the start (0) so later updates never add a key while the
+            # writer thread serialises the manifest; updated at every failure.
+            "hook_failures": 0,
         }
         manifest_extra = cfg.get("manifest")
         if isinstance(manifest_extra, dict):
             info.update({k: v for k, v in manifest_extra.items() if k not in info})
         return info
 
-    # ----------------------------------------------------------------- requests
-    def add_request(self, request: Any) -> None:
-        if request.request_id not in self.requests:
-            self._on_arrival(request)
-        super().add_request(request)
-
-    def _on_arrival(self, request: Any) -> None:
-        try:
-            params = request.sampling_params
-            extra = getattr(params, "extra_args", None) if params is not None else None
-            raw = raw_claim(extra)
-            claim_id = declared_claim_id(raw, request.request_id) if raw is not None else None
-            tenant = (raw or {}).get("tenant") or (extra or {}).get("kv_tenant")
-            self.emit("request_arrived", request_id=request.request_id,
-                      tenant=tenant if isinstance(tenant, str) else None,
-                      num_prompt_tokens=request.num_prompt_tokens, claim_id=claim_id)
-            full_blocks = request.num_prompt_tokens // self.block_size
-            self.arbiter.on_request(request.request_id, raw, release_ids(extra),
-                                    request.block_hashes[:full_blocks])
-            if self.policy.deny_reuse and claim_id is None:
-                self.reuse_denied.add(request.request_id)
-                self.emit("reuse_denied", request_id=request.request_id)
-        except Exception:  # noqa: BLE001 - the engine must keep serving
-            logger.exception("kvclaims: could not record the arrival of %s", request.request_id)
-
-    def is_admission(self, request: Any) -> bool:
-        """A waiting (or preempted) request asking for its first blocks."""
-        return request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) \
-            and request.request_id not in self._to_refuse
-
-    def admit(self, request: Any, *args: Any, **kwargs: Any) -> bool:
-        """Ask the arbiter; on defer or refuse, record it and keep the request out."""
-        hits = _hit_blocks(kwargs.get("new_computed_blocks"))
-        pinned_hits = sum(1 for b in hits if self.arbiter.is_protected(b.block_id))
-        required = -(-request.num_tokens // self.block_size) - pinned_hits
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        decision = self.arbiter.admit(request.request_id, required, free)
-        if decision.action == "admit":
-            # free_blocks after any demotion the decision made
-            self._pending_admission = {**decision.fields, "free_blocks":
-                                       self.kv_cache_manager.block_pool.get_num_free_blocks()}
-            return True
-        if decision.action == "defer":
-            self.emit("request_deferred", **decision.fields)
-        elif decision.action == "refuse":
-            self.emit("request_refused", **decision.fields)
-            self._to_refuse[request.request_id] = decision.fields
-        return False
-
-    def admitted(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        """The allocation went through: record admission, hits and claim protection."""
-        self.emit("request_admitted", **self._pending_admission)
-        hits = _hit_blocks(kwargs.get("new_computed_blocks"))
-        self._admitted_cached_tokens[request.request_id] = \
-            int(kwargs.get("num_new_computed_tokens", 0) or 0)
-        hashes = request.block_hashes
-        for position, block in enumerate(hits):
-            if block.is_null or block.block_hash is None:
-                continue
-            content = hooks.content_hash(block.block_hash)
-            self.emit("block_hit", block_id=block.block_id,
-                      block_hash=hooks.hash64(content), position=position,
-                      request_id=request.request_id)
-            if position < len(hashes):
-                self.arbiter.on_resident(block, content)
-
-    def safely(self, fn: Any, *args: Any, fallback: Any = None, **kwargs: Any) -> Any:
+    # ----------------------------------------------------------------- fail-open
+    def kvc_safely(self, fn: Any, *args: Any, fallback: Any = None, **kwargs: Any) -> Any:
         """Run recorder or arbiter work inside vLLM's hot path; a failure never reaches vLLM.
 
         NOTE: failing open is deliberate: a broken arbiter serves like stock vLLM rather than
-        stopping the engine. Failures are logged (the first ten) and counted.
+        stopping the engine. Every failure leaves a ``hook_failed`` event and is counted.
         """
         try:
             return fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001
-            self.hook_failures += 1
-            if self.hook_failures <= 10:
-                logger.exception("kvclaims: %s failed; vLLM continues unaffected",
-                                 getattr(fn, "__name__", fn))
+        except Exception as exc:  # noqa: BLE001
+            self.kvc_failed(getattr(fn, "__name__", "unknown"), exc)
             return fallback
 
-    def release_claim(self, claim_id: str, reason: str = "released by API") -> bool:
-        """Release a claim from Python (in-process engines); see ``recorder.api``."""
-        return self.arbiter.release(claim_id, reason)
+    def kvc_failed(self, hook: str, exc: BaseException) -> None:
+        """Record one fail-open failure: the hook and the exception type, never its message
+        (it may quote tenant data)."""
+        try:
+            self.kvc_hook_failures += 1
+            if self.kvc_hook_failures <= _MAX_LOGGED_FAILURES:
+                logger.error("kvclaims: %s failed (%s); vLLM continues unaffected", hook,
+                             type(exc).__name__, exc_info=exc)
+            self.kvc_emit("hook_failed", hook=hook, error_type=type(exc).__name__)
+            if self.kvc_events is not None:
+                self.kvc_events.writer.set_extra("hook_failures", self.kvc_hook_failures)
+        except Exception:  # noqa: BLE001 - nothing may escape into vLLM
+            pass
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request: Any) -> None:
+        if request.request_id not in self.requests:
+            self.kvc_safely(self.kvc_on_arrival, request)
+        super().add_request(request)  # type: ignore[misc]
+
+    def kvc_on_arrival(self, request: Any) -> None:
+        """Record the arrival; hand the claim and releases it declares to the arbiter."""
+        params = request.sampling_params
+        extra = getattr(params, "extra_args", None) if params is not None else None
+        raw = raw_claim(extra)
+        claim_id = declared_claim_id(raw, request.request_id) if raw is not None else None
+        tenant = (raw or {}).get("tenant") or (extra or {}).get("kv_tenant")
+        tenant = tenant if isinstance(tenant, str) else None
+        if tenant is not None:
+            self.kvc_tenants[request.request_id] = tenant
+        self.kvc_emit("request_arrived", request_id=request.request_id, tenant=tenant,
+                      num_prompt_tokens=request.num_prompt_tokens, claim_id=claim_id)
+        releases = release_ids(extra)
+        if raw is not None or releases:
+            full_blocks = request.num_prompt_tokens // self.block_size
+            keys = hooks.group_keys(request.block_hashes[:full_blocks]) if raw is not None \
+                else []
+            self.kvc_arbiter.on_request(request.request_id, raw, releases, keys, tenant)
+        if self.kvc_policy.deny_reuse and claim_id is None:
+            self.kvc_reuse_denied.add(request.request_id)
+            self.kvc_emit("reuse_denied", request_id=request.request_id)
+
+    def kvc_is_admission(self, request: Any) -> bool:
+        """A waiting (or preempted) request asking for its first blocks."""
+        return request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) \
+            and request.request_id not in self.kvc_to_refuse
+
+    def kvc_admit(self, request: Any, *args: Any, **kwargs: Any) -> bool:
+        """Ask the arbiter; on defer or refuse, record it and keep the request out."""
+        arbiter = self.kvc_arbiter
+        pinned_hits = 0
+        if arbiter.protected_blocks:
+            hits = _hit_blocks(_computed_blocks(args, kwargs))
+            pinned_hits = sum(1 for b in hits if arbiter.is_protected(b.block_id))
+        required = -(-request.num_tokens // self.block_size) - pinned_hits
+        pool = self.kv_cache_manager.block_pool
+        decision = arbiter.admit(request.request_id, required, pool.get_num_free_blocks())
+        if decision.action == "admit":
+            # free_blocks after any demotion the decision made
+            self.kvc_pending_admission = {**decision.fields,
+                                          "free_blocks": pool.get_num_free_blocks()}
+            return True
+        if decision.action == "defer":
+            self.kvc_emit("request_deferred", **decision.fields)
+        elif decision.action == "refuse":
+            self.kvc_emit("request_refused", **decision.fields)
+            self.kvc_to_refuse[request.request_id] = self.kvc_refusal_message(
+                request.request_id, decision.fields)
+        return False
+
+    def kvc_refusal_message(self, request_id: str, fields: dict[str, Any]) -> str:
+        """The client-visible stop reason of a refusal.
+
+        NOTE: tenants are isolated: the message counts the blocks other tenants' claims
+        protect but never names their claims; the trace keeps every id.
+        """
+        others, own = self.kvc_arbiter.protected_split(self.kvc_tenants.get(request_id))
+        text = f"{REFUSAL_STOP_REASON}: {others} blocks protected by claims of other tenants"
+        if own:
+            text += f", {own} by your own tenant's claims"
+        return f"{text}; shortfall_blocks={fields.get('shortfall_blocks')}"
+
+    def kvc_admitted(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        """The allocation went through: record admission, hits and claim protection."""
+        self.kvc_emit("request_admitted", **self.kvc_pending_admission)
+        self.kvc_admitted_cached_tokens[request.request_id] = \
+            int(kwargs.get("num_new_computed_tokens", args[0] if args else 0) or 0)
+        hits = _hit_blocks(_computed_blocks(args, kwargs))
+        if not hits:
+            return
+        kept = [(p, b) for p, b in enumerate(hits) if b.block_hash is not None and not b.is_null]
+        if not kept:
+            return
+        blocks = [b for _, b in kept]
+        keys = [b.block_hash for b in blocks]
+        self.kvc_emit_many("block_hit", len(kept), {
+            "block_id": tuple([b.block_id for b in blocks]), "block_hash": tuple(keys),
+            "position": tuple([p for p, _ in kept]), "request_id": request.request_id})
+        if self.kvc_arbiter.watched:
+            self.kvc_arbiter.on_resident_many(blocks, keys)
+
+    def kvc_release_claim(self, claim_id: str, reason: str = "released by the operator") -> bool:
+        """The operator's release from Python (in-process engines; see ``recorder.api``);
+        recorded with ``released_by="operator"``."""
+        return bool(self.kvc_safely(self.kvc_arbiter.release, claim_id, reason,
+                                    fallback=False))
 
     # ----------------------------------------------------------------- scheduler steps
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            self.arbiter.tick()
-        except Exception:  # noqa: BLE001
-            logger.exception("kvclaims: claim expiry check failed")
-        return super().schedule(*args, **kwargs)
+        if self.kvc_events is not None:
+            self.kvc_safely(self.kvc_events.advance_step)
+        if self.kvc_arbiter.has_deadlines:
+            self.kvc_safely(self.kvc_arbiter.tick)
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if self._to_refuse:
-            self._finish_refused(outputs)
+        outputs = super().update_from_output(  # type: ignore[misc]
+            scheduler_output, model_runner_output)
+        if self.kvc_to_refuse:
+            self.kvc_finish_refused(outputs)
         return outputs
 
-    def _finish_refused(self, outputs: dict[int, Any]) -> None:
-        refused = self.finish_requests(list(self._to_refuse), RequestStatus.FINISHED_ERROR)
+    def kvc_finish_refused(self, outputs: dict[int, Any]) -> None:
+        """Finish the refused requests with an error and the refusal as stop reason."""
+        refused = self.finish_requests(  # type: ignore[attr-defined]
+            list(self.kvc_to_refuse), RequestStatus.FINISHED_ERROR)
         for request in refused:
-            fields = self._to_refuse.get(request.request_id, {})
-            stop = (f"{REFUSAL_STOP_REASON}: blocking_claim_ids="
-                    f"{','.join(fields.get('blocking_claim_ids', []))} "
-                    f"shortfall_blocks={fields.get('shortfall_blocks')}")
+            stop = self.kvc_to_refuse.get(request.request_id, REFUSAL_STOP_REASON)
             out = EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
                                    finish_reason=request.get_finished_reason(),
                                    stop_reason=stop)
             outputs.setdefault(request.client_index, EngineCoreOutputs()).outputs.append(out)
-        self._to_refuse.clear()
+        self.kvc_to_refuse.clear()
 
-    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        self.emit("request_preempted", request_id=request.request_id)
-        super()._preempt_request(request, *args, **kwargs)
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self.kvc_safely(self.kvc_on_preempt, request)
+        return super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+
+    def kvc_on_preempt(self, request: Any) -> None:
+        """Record a preemption with what the claims held at that moment."""
+        arbiter = self.kvc_arbiter
+        self.kvc_emit("request_preempted", request_id=request.request_id,
+                      free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                      protected_blocks=arbiter.protected_blocks,
+                      usable_blocks=self.kvc_usable_blocks,
+                      blocking_claim_ids=arbiter.blocking_claim_ids())
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self.kvc_safely(self.kvc_on_finish, request)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+
+    def kvc_on_finish(self, request: Any) -> None:
+        """Record a finished request (any reason) and drop its bookkeeping."""
+        rid = request.request_id
         reason = request.get_finished_reason()
-        self.emit("request_finished", request_id=request.request_id,
-                  finish_reason=str(reason) if reason is not None else None,
-                  num_cached_tokens=self._admitted_cached_tokens.pop(request.request_id, 0),
-                  num_output_tokens=request.num_output_tokens,
-                  reason=REFUSAL_STOP_REASON if request.request_id in self._to_refuse else None)
-        self.reuse_denied.discard(request.request_id)
-        return super()._free_request(request, *args, **kwargs)
+        self.kvc_emit("request_finished", request_id=rid,
+                      finish_reason=str(reason) if reason is not None else None,
+                      num_cached_tokens=self.kvc_admitted_cached_tokens.pop(rid, 0),
+                      num_output_tokens=request.num_output_tokens,
+                      reason=REFUSAL_STOP_REASON if rid in self.kvc_to_refuse else None)
+        self.kvc_reuse_denied.discard(rid)
+        self.kvc_tenants.pop(rid, None)
+        self.kvc_arbiter.forget(rid)
 
     def shutdown(self) -> None:
         try:
-            super().shutdown()
+            super().shutdown()  # type: ignore[misc]
         finally:
-            if self.events is not None:
-                self.events.close()
+            if self.kvc_events is not None:
+                self.kvc_events.close()
+
+
+class KVClaimsScheduler(KVClaimsMixin, Scheduler):
+    """The recorder over vLLM's ``Scheduler``; builds ``KVClaimsAsyncScheduler`` instead when
+    vLLM's config has async scheduling on, so ``--scheduler-cls ...KVClaimsScheduler`` never
+    costs a user vLLM's async scheduling."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> KVClaimsScheduler:
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        if cls is KVClaimsScheduler and async_scheduling_on(vllm_config):
+            cls = KVClaimsAsyncScheduler
+        return super().__new__(cls)
+
+
+class KVClaimsAsyncScheduler(KVClaimsScheduler, AsyncScheduler):
+    """The recorder over vLLM's ``AsyncScheduler`` (same mixin, same events and enforcement).
+
+    NOTE: MRO: KVClaimsAsyncScheduler, KVClaimsScheduler, KVClaimsMixin, AsyncScheduler,
+    Scheduler: every hook's ``super()`` reaches AsyncScheduler's overrides first.
+    """
 
 
 def describe_hardware() -> dict[str, Any]:
@@ -273,6 +404,17 @@ def describe_hardware() -> dict[str, Any]:
 
 def _discard(event: str, **fields: Any) -> None:
     """The emitter used when no run directory could be opened."""
+
+
+def _discard_many(event: str, n: int, fields: dict[str, Any]) -> None:
+    """The bulk emitter used when no run directory could be opened."""
+
+
+def _computed_blocks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``new_computed_blocks`` of an ``allocate_slots`` call (keyword or third positional)."""
+    if "new_computed_blocks" in kwargs:
+        return kwargs["new_computed_blocks"]
+    return args[1] if len(args) > 1 else None
 
 
 def _hit_blocks(new_computed_blocks: Any) -> list:

@@ -61,6 +61,14 @@ def test_hard_protected_refuses_active_naming_the_claim(record_run):
     assert "kv_claim_refused" in client(view, "active")["stop_reason"]
 
 
+def test_refused_client_is_told_counts_never_another_tenants_claim_ids(record_run):
+    _, view = record_run("resident60_active70", "hard_protected")
+    stop = client(view, "active")["stop_reason"]
+    assert "claim:resident" not in stop
+    assert stop == ("kv_claim_refused: 60 blocks protected by claims of other tenants; "
+                    "shortfall_blocks=50")
+
+
 def test_hard_protected_defers_before_refusing(record_run):
     run, view = record_run("resident60_active70", "hard_protected")
     active = request_id(view, "active")
@@ -163,13 +171,49 @@ def test_invalid_claim_is_rejected_with_reason_and_request_served(record_run):
     assert client(view, "e-bad")["finish_reason"] == "length"
 
 
-def test_valid_claims_of_every_mode_are_accepted(record_run):
+def test_valid_claims_of_every_mode_this_runtime_can_keep_are_accepted(record_run):
     run, _ = record_run("multi_tenant")
     modes = {r[0] for r in query(run, """SELECT s.protection_mode FROM events s JOIN events a
         ON a.event = 'claim_accepted' AND a.claim_id = s.claim_id
         WHERE s.event = 'claim_submitted'""")}
-    assert modes == {"hard_protected", "demotable", "expiring", "best_effort", "soft_priority",
-                     "offloadable"}
+    assert modes == {"hard_protected", "demotable", "expiring", "best_effort", "soft_priority"}
+
+
+def test_offloadable_claim_is_rejected_naming_the_missing_tier_and_still_served(record_run):
+    run, view = record_run("multi_tenant")
+    reasons = query(run, "SELECT reason FROM events WHERE event = 'claim_rejected' "
+                         "AND claim_id = 'e:off'")
+    assert len(reasons) == 1 and "lower KV tier" in reasons[0][0]
+    assert client(view, "e-off")["finish_reason"] == "length"
+
+
+def test_manifest_carries_a_lowering_verdict_per_mode(record_run):
+    from reconstruct.loader import read_manifest
+
+    run, _ = record_run("multi_tenant")
+    lowering = read_manifest(run)["lowering"]
+    assert {m: v["verdict"] for m, v in lowering.items()} == {
+        "best_effort": "recorded only", "soft_priority": "approximated",
+        "hard_protected": "enforced", "demotable": "enforced", "expiring": "enforced",
+        "offloadable": "rejected"}
+    assert all(v["evidence"] for v in lowering.values())
+
+
+def test_native_manifest_records_every_mode_only_and_rejects_offloadable(record_run):
+    from reconstruct.loader import read_manifest
+
+    run, _ = record_run("resident60_active70", "native")
+    verdicts = {m: v["verdict"] for m, v in read_manifest(run)["lowering"].items()}
+    assert verdicts.pop("offloadable") == "rejected"
+    assert set(verdicts.values()) == {"recorded only"}
+
+
+def test_preemption_records_the_protected_blocks_and_their_claims(record_run):
+    run, _ = record_run("multi_tenant")
+    rows = query(run, """SELECT protected_blocks, usable_blocks, free_blocks,
+        blocking_claim_ids FROM events WHERE event = 'request_preempted'""")
+    assert rows and all(p is not None and u == 80 and f is not None for p, u, f, _ in rows)
+    assert all(b == ["a:doc"] and p == 20 for p, _, _, b in rows)
 
 
 def test_claim_released_by_a_later_request_is_released_before_its_losses(record_run):
@@ -189,22 +233,36 @@ def test_deferred_request_is_served_once_a_release_makes_room(record_run):
     assert client(view, "h-wait")["finish_reason"] == "length"
 
 
-def _python_release(d: Driver, policy: str) -> None:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    d.submit("resident", tokens(1, 60), claim={"claim_id": "claim:resident"})
+def _tenant_release(d: Driver, policy: str) -> None:
+    d.submit("resident", tokens(1, 60), claim={"claim_id": "claim:resident",
+                                               "tenant": "owner"})
     d.run()
-    d.engine.add_request("release", TokensPrompt(prompt_token_ids=[1]),
-                         SamplingParams(max_tokens=1, extra_args={
-                             "kv_claim_release": "claim:resident"}))
+    d.submit("steal", [1], extra={"kv_claim_release": "claim:resident", "kv_tenant": "mallory"})
+    d.run()
+    d.submit("blocked", tokens(3, 70))  # the claim is still in force: refused
+    d.run()
+    d.submit("release", [1], extra={"kv_claim_release": "claim:resident", "kv_tenant": "owner"})
     d.run()
     d.submit("active", tokens(2, 70))
     d.run()
 
 
-def test_release_request_lets_the_active_request_in(record_run):
-    run, view = record_run(Scenario("release", _python_release, "", "hard_protected", 80))
+RELEASE = Scenario("release", _tenant_release, "release by another tenant, then by the owner",
+                   "hard_protected", 80)
+
+
+def test_release_by_another_tenant_is_refused_and_the_claim_holds(record_run):
+    run, view = record_run(RELEASE)
+    steal = request_id(view, "steal")
+    assert query(run, f"""SELECT claim_id, tenant FROM events WHERE event =
+        'claim_release_refused' AND request_id = '{steal}'""") == [("claim:resident", "mallory")]
+    assert client(view, "blocked")["finish_reason"] == "error"
+
+
+def test_release_by_the_owner_lets_the_active_request_in(record_run):
+    run, view = record_run(RELEASE)
+    assert query(run, """SELECT released_by, tenant FROM events
+        WHERE event = 'claim_released'""") == [("tenant", "owner")]
     assert first_seq(run, "claim_released", "claim:resident") < resident_losses(run)[0][0]
     assert client(view, "active")["finish_reason"] == "length"
 
@@ -226,10 +284,10 @@ def test_release_claim_helper_works_through_llm(tmp_path: Path):
     release_claim(llm, "c")
     llm.llm_engine.engine_core.shutdown()
     events = load_runs([tmp_path / "run"]).connect().sql(
-        "SELECT event, reason FROM events WHERE claim_id = 'c' AND event LIKE 'claim_%' "
+        "SELECT event, released_by FROM events WHERE claim_id = 'c' AND event LIKE 'claim_%' "
         "AND event != 'claim_bound' ORDER BY seq").fetchall()
-    assert [e for e, _ in events] == ["claim_submitted", "claim_accepted", "claim_materialized",
-                                      "claim_released"]
+    assert events == [("claim_submitted", None), ("claim_accepted", None),
+                      ("claim_materialized", None), ("claim_released", "operator")]
 
 
 # --- live pressure -----------------------------------------------------------------------------
@@ -248,3 +306,20 @@ def test_live_pressure_serves_the_small_requests_and_loses_nothing(record_run):
     run, view = record_run("live_pressure")
     assert all(client(view, f"small-{i}")["finish_reason"] == "length" for i in range(3))
     assert resident_losses(run, "claim:live-resident") == []
+
+
+def _pressure_without_claims(d: Driver, policy: str) -> None:
+    d.submit("resident", tokens(1, 40))
+    d.run()
+    d.submit("active", tokens(2, 46))
+    for i in range(3):
+        d.submit(f"small-{i}", tokens(10 + i, 4), max_tokens=4)
+    d.run()
+
+
+def test_without_claims_an_enforcing_policy_behaves_like_vllm(record_run):
+    run, view = record_run(Scenario("no_claims", _pressure_without_claims, "live_pressure "
+                                    "without its claim", "hard_protected", 67))
+    assert scalar(run, "SELECT count(*) FROM events WHERE event IN "
+                       "('request_deferred', 'request_refused')") == 0
+    assert all(r["finish_reason"] == "length" for r in view["requests"])

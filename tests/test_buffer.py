@@ -298,3 +298,84 @@ def test_killed_process_leaves_a_readable_incomplete_run(tmp_path: Path) -> None
     assert trace.incomplete_runs == {"r1"}
     assert trace.truncated_runs == {"r1"}
     assert trace.events.column("event").to_pylist() == ["run_started", "block_allocated"]
+
+
+# --- columnar entries, scheduler steps, raw vLLM hashes (issue 9) -----------------------------
+
+def test_emit_many_writes_one_row_per_event_with_consecutive_seqs(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.emit("block_freed", block_id=9, request_id="a")
+    buf.emit_many("block_allocated", 3, {"block_id": [1, 2, 3], "request_id": "b"})
+    buf.emit("block_freed", block_id=8, request_id="a")
+    buf.close()
+    rows = [(e["seq"], e["event"], e.get("block_id"), e.get("request_id"))
+            for e in _events(tmp_path / "run")]
+    assert rows[:5] == [(0, "block_freed", 9, "a"), (1, "block_allocated", 1, "b"),
+                        (2, "block_allocated", 2, "b"), (3, "block_allocated", 3, "b"),
+                        (4, "block_freed", 8, "a")]
+
+
+def test_emit_many_with_a_short_column_is_dropped_and_gapped(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.emit_many("block_allocated", 3, {"block_id": [1, 2], "request_id": "b"})
+    buf.emit("block_freed", block_id=8, request_id="a")
+    buf.close()
+    events = _events(tmp_path / "run")
+    gap = next(e for e in events if e["event"] == "recorder_gap")
+    assert (gap["first_seq"], gap["last_seq"], gap["events_dropped"]) == (0, 2, 3)
+    assert [e["seq"] for e in events if e["event"] == "block_freed"] == [3]
+
+
+def test_overflowing_emit_many_gaps_every_seq_it_held(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False, capacity=1)
+    buf.emit("block_freed", block_id=1, request_id="a")
+    buf.emit_many("block_allocated", 4, {"block_id": [1, 2, 3, 4], "request_id": "b"})
+    buf.flush()
+    buf.emit("block_freed", block_id=2, request_id="a")
+    buf.close()
+    gap = next(e for e in _events(tmp_path / "run") if e["event"] == "recorder_gap")
+    assert (gap["first_seq"], gap["last_seq"], gap["events_dropped"]) == (1, 4, 4)
+
+
+def test_every_event_carries_the_step_it_was_recorded_in(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", step=0)
+    buf.emit("block_freed", block_id=1, request_id="a")
+    buf.advance_step()
+    buf.emit_many("block_allocated", 2, {"block_id": [1, 2], "request_id": "b"})
+    buf.flush()
+    buf.advance_step()
+    buf.advance_step()
+    buf.emit("block_freed", block_id=2, request_id="a")
+    buf.close()
+    steps = [(e["event"], e.get("step")) for e in _events(tmp_path / "run")]
+    assert steps == [("run_started", 0), ("block_freed", 0), ("block_allocated", 1),
+                     ("block_allocated", 1), ("block_freed", 3), ("run_finished", 3)]
+
+
+def test_a_buffer_without_steps_writes_null_steps(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run")
+    buf.emit("block_freed", block_id=1, request_id="a")
+    buf.close()
+    assert all("step" not in e for e in _events(tmp_path / "run"))
+
+
+def test_raw_vllm_hashes_become_their_low_64_bits_on_the_writer(tmp_path: Path) -> None:
+    digest = bytes(range(32))
+    keyed = digest + (0).to_bytes(4, "big")  # vLLM's BlockHashWithGroupId for group 0
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.emit_many("block_cached", 2, {"block_id": [1, 2], "block_hash": [keyed, keyed],
+                                      "parent_hash": [None, digest], "position": [0, 1],
+                                      "request_id": "a"})
+    buf.emit("claim_harmed", claim_id="c", block_hash=keyed)
+    buf.close()
+    low = int.from_bytes(digest[-8:], "big")
+    rows = [(e.get("block_hash"), e.get("parent_hash")) for e in _events(tmp_path / "run")
+            if e["event"] in ("block_cached", "claim_harmed")]
+    assert rows == [(low, None), (low, low), (low, None)]
+
+
+def test_integer_hashes_are_written_unchanged(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.emit("claim_harmed", claim_id="c", block_hash=2**64 - 1)
+    buf.close()
+    assert _events(tmp_path / "run")[0]["block_hash"] == 2**64 - 1

@@ -203,3 +203,152 @@ def test_duplicate_claim_id_in_force_is_rejected():
     arb.on_request("r1", {"claim_id": "c"}, [], [b"a"])
     arb.on_request("r2", {"claim_id": "c"}, [], [b"a"])
     assert rec.names().count("claim_rejected") == 1
+
+
+# --- what the runtime cannot keep is rejected (issue 8) ---------------------------------------
+
+def test_offloadable_claim_is_rejected_naming_the_missing_lower_tier():
+    arb, rec = arbiter("hard_protected")
+    arb.on_request("r", {"claim_id": "c", "protection_mode": "offloadable"}, [], [b"a"])
+    reasons = [f["reason"] for e, f in rec.events if e == "claim_rejected"]
+    assert len(reasons) == 1 and "lower KV tier" in reasons[0] and "c" not in arb.claims
+
+
+def test_hard_protected_claim_is_accepted_where_offloadable_is_not():
+    arb, rec = arbiter("hard_protected")
+    arb.on_request("r", {"claim_id": "c", "protection_mode": "hard_protected"}, [], [b"a"])
+    assert "claim_accepted" in rec.names() and "claim_rejected" not in rec.names()
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_lowering_rejects_offloadable_under_every_policy(policy):
+    from recorder.policies import lowering
+
+    verdicts = {m: v["verdict"] for m, v in lowering(POLICIES[policy]).items()}
+    assert verdicts["offloadable"] == "rejected"
+    others = {v for m, v in verdicts.items() if m != "offloadable"}
+    if POLICIES[policy].enforce:
+        assert verdicts["soft_priority"] == "approximated" and \
+            verdicts["hard_protected"] == "enforced"
+    else:
+        assert others == {"recorded only"}
+
+
+# --- claim ownership (issue 8) -----------------------------------------------------------------
+
+def _owned(policy: str = "hard_protected") -> tuple[ClaimArbiter, Recorded]:
+    arb, rec = arbiter(policy)
+    arb.on_request("r", {"claim_id": "c", "tenant": "acme"}, [], [b"a", b"b"])
+    cache(arb, [b"a", b"b"], 1)
+    return arb, rec
+
+
+def test_release_by_the_claims_own_tenant_is_honoured():
+    arb, rec = _owned()
+    arb.on_request("rel", None, ["c"], [], tenant="acme")
+    released = [f for e, f in rec.events if e == "claim_released"]
+    assert released == [{"claim_id": "c", "reason": "released by request rel",
+                         "released_by": "tenant", "request_id": "rel", "tenant": "acme"}]
+    assert rec.unpinned == [2, 1] and "c" not in arb.claims
+
+
+def test_release_by_another_tenant_is_refused_and_the_claim_stays():
+    arb, rec = _owned()
+    arb.on_request("rel", None, ["c"], [], tenant="mallory")
+    refused = [f for e, f in rec.events if e == "claim_release_refused"]
+    assert [(f["claim_id"], f["request_id"], f["tenant"]) for f in refused] == \
+        [("c", "rel", "mallory")]
+    assert "claim_released" not in rec.names() and rec.unpinned == [] and "c" in arb.claims
+
+
+def test_release_without_a_tenant_is_refused():
+    arb, rec = _owned()
+    arb.on_request("rel", None, ["c"], [])
+    assert "claim_release_refused" in rec.names() and "c" in arb.claims
+
+
+def test_operator_release_is_recorded_as_the_operators():
+    arb, rec = _owned()
+    assert arb.release("c")
+    assert [f["released_by"] for e, f in rec.events if e == "claim_released"] == ["operator"]
+
+
+def test_a_released_claim_id_can_be_declared_again():
+    arb, rec = _owned()
+    arb.release("c")
+    arb.on_request("r2", {"claim_id": "c", "tenant": "acme"}, [], [b"a"])
+    assert rec.names().count("claim_accepted") == 2
+
+
+# --- per-tenant limit on protected blocks (issue 8) ---------------------------------------------
+
+def _limited(limit: int) -> tuple[ClaimArbiter, Recorded]:
+    rec = Recorded()
+    arb = ClaimArbiter(POLICIES["hard_protected"], 100, rec.emit, pin=lambda b: None,
+                       unpin=lambda b: None, max_protected_blocks_per_tenant=limit)
+    arb.on_request("r1", {"claim_id": "c1", "tenant": "acme"}, [], [b"a", b"b", b"c"])
+    return arb, rec
+
+
+def test_claim_over_its_tenants_limit_is_rejected_with_the_shortfall():
+    arb, rec = _limited(4)
+    arb.on_request("r2", {"claim_id": "c2", "tenant": "acme"}, [], [b"x", b"y"])
+    rejected = [f for e, f in rec.events if e == "claim_rejected"]
+    assert [(f["claim_id"], f["shortfall_blocks"]) for f in rejected] == [("c2", 1)]
+    assert "max_protected_blocks_per_tenant=4" in rejected[0]["reason"]
+
+
+def test_claim_within_its_tenants_limit_is_accepted():
+    arb, rec = _limited(4)
+    arb.on_request("r2", {"claim_id": "c2", "tenant": "acme"}, [], [b"x"])
+    arb.on_request("r3", {"claim_id": "c3", "tenant": "other"}, [], [b"x", b"y", b"z"])
+    assert rec.names().count("claim_accepted") == 3 and "claim_rejected" not in rec.names()
+
+
+def test_a_released_claim_frees_its_tenants_quota():
+    arb, rec = _limited(4)
+    arb.release("c1")
+    arb.on_request("r2", {"claim_id": "c2", "tenant": "acme"}, [], [b"x", b"y", b"z", b"w"])
+    assert "claim_rejected" not in rec.names()
+
+
+# --- no claims, no enforcement (issue 9) ---------------------------------------------------------
+
+def test_without_claims_an_enforcing_policy_admits_a_request_larger_than_the_pool():
+    arb, rec = arbiter("hard_protected", usable=10)
+    assert [arb.admit("huge", 12, 10).action for _ in range(3)] == ["admit"] * 3
+
+
+def test_with_a_protecting_claim_a_request_that_needs_its_blocks_is_refused():
+    arb, rec = arbiter("hard_protected", usable=10)
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    cache(arb, [b"a", b"b"], 1)
+    assert [arb.admit("big", 9, 8).action for _ in range(2)] == ["defer", "refuse"]
+
+
+# --- per-step work is proportional to claims in force (issue 8) ----------------------------------
+
+def test_ended_claims_leave_nothing_behind_for_the_hot_path():
+    arb, rec = arbiter("ttl_expiry")
+    now = [0.0]
+    arb._clock = lambda: now[0]
+    for i in range(50):
+        arb.on_request(f"r{i}", {"claim_id": f"c{i}", "ttl_s": 1.0}, [], [bytes([i])])
+    now[0] = 2.0
+    arb.tick()
+    assert arb.claims == {} and arb.watched == {} and not arb.has_deadlines
+    assert rec.names().count("claim_expired") == 50
+
+
+def test_claims_in_force_stay_watched():
+    arb, _ = arbiter("ttl_expiry")
+    arb.on_request("r", {"claim_id": "c", "ttl_s": 100.0}, [], [b"a"])
+    arb.tick()
+    assert list(arb.claims) == ["c"] and b"a" in arb.watched and arb.has_deadlines
+
+
+def test_protected_split_counts_other_tenants_blocks_without_naming_them():
+    arb, _ = _owned()
+    assert arb.protected_split("acme") == (0, 2)
+    assert arb.protected_split("other") == (2, 0)
+    assert arb.protected_split(None) == (2, 0)

@@ -87,11 +87,43 @@ def test_claim_lifecycle_is_recorded_in_order(record_run):
                          "claim_materialized"]
 
 
-def test_unenforced_claim_is_reported_harmed_at_first_loss(record_run):
+def test_unenforced_claim_is_reported_harmed_right_after_the_evicting_allocation(record_run):
     run, _ = record_run("resident60_active70", "native")
     harmed = scalar(run, "SELECT min(seq) FROM events WHERE event = 'claim_harmed'")
     first_loss = scalar(run, "SELECT min(seq) FROM events WHERE event = 'block_evicted'")
-    assert harmed == first_loss + 1
+    between = query(run, f"SELECT DISTINCT event FROM events WHERE seq > {first_loss} "
+                         f"AND seq < {harmed}")
+    assert harmed > first_loss and between in ([], [("block_evicted",)])
+    assert scalar(run, f"SELECT count(DISTINCT step) FROM events WHERE seq IN "
+                       f"({first_loss}, {harmed})") == 1
+
+
+def test_every_engine_event_carries_its_scheduler_step_in_order(record_run):
+    run, _ = record_run("resident60_active70", "native")
+    assert scalar(run, "SELECT count(*) FROM events WHERE step IS NULL") == 0
+    steps = [r[0] for r in query(run, "SELECT step FROM events ORDER BY seq")]
+    assert steps == sorted(steps) and steps[0] == 0
+
+
+def test_later_requests_are_admitted_in_later_steps(record_run):
+    run, view = record_run("resident60_active70", "native")
+    admitted = [scalar(run, f"SELECT step FROM events WHERE event = 'request_admitted' "
+                            f"AND request_id = '{request_id(view, n)}'")
+                for n in ("resident", "active", "probe")]
+    assert admitted[0] < admitted[1] < admitted[2]
+
+
+def test_claim_bound_hashes_are_the_cached_blocks_hashes(record_run):
+    run, view = record_run("resident60_active70", "native")
+    rid = request_id(view, "resident")
+    assert scalar(run, f"""SELECT count(*) FROM events b JOIN events c
+        ON c.event = 'block_cached' AND c.request_id = '{rid}'
+        AND c.block_hash = b.block_hash AND c.position = b.position
+        WHERE b.event = 'claim_bound'""") == 60
+    assert scalar(run, f"""SELECT count(*) FROM events c JOIN events p
+        ON p.event = 'block_cached' AND p.request_id = '{rid}'
+        AND p.position = c.position - 1 AND p.block_hash = c.parent_hash
+        WHERE c.event = 'block_cached' AND c.request_id = '{rid}'""") == 59
 
 
 def test_hard_protected_claim_gets_no_runtime_harm_report(record_run):
@@ -161,28 +193,53 @@ class ExplodingArbiterScheduler:
             raise RuntimeError("injected arbiter failure")
 
         sched = KVClaimsScheduler(*args, **kwargs)
-        for name in ("on_resident", "on_lost", "admit"):
-            setattr(sched.arbiter, name, boom)
+        for name in ("on_resident_many", "on_lost_many", "admit"):
+            setattr(sched.kvc_arbiter, name, boom)
         return sched
 
 
-def test_arbiter_failures_never_reach_the_engine(tmp_path: Path):
+def _faulty_run(out: Path, scheduler_cls: str) -> tuple[dict, int]:
     from vllm import EngineArgs, LLMEngine
 
     from recorder.scenarios import Driver, engine_args, tokens
     from recorder.tiny_model import ensure_tiny_model
 
-    cfg = {"out": str(tmp_path / "run"), "policy": "hard_protected", "run_id": "faulty"}
+    cfg = {"out": str(out), "policy": "hard_protected", "run_id": "faulty"}
     args = engine_args(ensure_tiny_model(), 16, cfg)
-    args["scheduler_cls"] = "tests.test_recorder_vllm.ExplodingArbiterScheduler"
+    args["scheduler_cls"] = scheduler_cls
     engine = LLMEngine.from_engine_args(EngineArgs(**args))
     driver = Driver(engine)
     try:
         driver.submit("a", tokens(1, 4), claim={"claim_id": "c"})
         driver.submit("b", tokens(2, 14))  # needs eviction beside a: the pool has 16 blocks
         driver.run()
-        failures = engine.engine_core.engine_core.scheduler.hook_failures
+        failures = engine.engine_core.engine_core.scheduler.kvc_hook_failures
     finally:
         engine.engine_core.shutdown()
-    assert driver.outcomes["a"].finish_reason == driver.outcomes["b"].finish_reason == "length"
-    assert failures > 0
+    return driver.outcomes, failures
+
+
+def test_arbiter_failures_never_reach_the_engine_and_leave_hook_failed(tmp_path: Path):
+    from reconstruct.loader import read_manifest
+
+    outcomes, failures = _faulty_run(tmp_path / "run",
+                                     "tests.test_recorder_vllm.ExplodingArbiterScheduler")
+    assert outcomes["a"].finish_reason == outcomes["b"].finish_reason == "length"
+    rows = query(tmp_path / "run", "SELECT hook, error_type, count(*) FROM events "
+                                   "WHERE event = 'hook_failed' GROUP BY ALL ORDER BY 1")
+    assert {(h, e) for h, e, _ in rows} >= {("kvc_admit", "RuntimeError")}
+    assert all(e == "RuntimeError" for _, e, _ in rows)
+    assert sum(n for *_, n in rows) == failures == read_manifest(tmp_path / "run")[
+        "hook_failures"] > 0
+
+
+def test_a_healthy_run_records_no_hook_failure(tmp_path: Path):
+    from reconstruct.loader import read_manifest
+
+    outcomes, failures = _faulty_run(tmp_path / "run", "recorder.scheduler.KVClaimsScheduler")
+    # b is refused (4 protected + 14 > 16): the arbiter worked, and nothing failed
+    assert (outcomes["a"].finish_reason, outcomes["b"].finish_reason) == ("length", "error")
+    assert failures == 0
+    assert scalar(tmp_path / "run", "SELECT count(*) FROM events "
+                                    "WHERE event = 'hook_failed'") == 0
+    assert read_manifest(tmp_path / "run")["hook_failures"] == 0
