@@ -175,7 +175,7 @@ def l6_position_zero(run_id: str = "l6-position-zero", *, blocks: int = 60,
     b.emit("request_arrived", request_id="again", tenant="tenant-a",
            num_prompt_tokens=blocks * 16, claim_id=CLAIM)
     b.emit("claim_submitted", claim_id=CLAIM, tenant="tenant-a", request_id="again",
-           protection_mode="best_effort", threshold_blocks=blocks, value=1.0)
+           protection_mode="hard_protected", threshold_blocks=blocks, value=1.0)
     b.emit("claim_accepted", claim_id=CLAIM)
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id=CLAIM, block_hash=h, position=i)
@@ -188,7 +188,7 @@ def l6_position_zero(run_id: str = "l6-position-zero", *, blocks: int = 60,
 # -- small shapes: one behaviour each ---------------------------------------------------------
 
 def _cache(b: TraceBuilder, request: str, n: int, first_block: int = 1,
-           claim: str | None = None, mode: str = "best_effort",
+           claim: str | None = None, mode: str = "hard_protected",
            threshold: int | None = None) -> list[int]:
     """A request caches n blocks (block ids first_block..); optionally declares a claim."""
     hashes = [block_hash(request, i) for i in range(n)]
@@ -305,7 +305,7 @@ def shape_never_materialized() -> list[dict[str, Any]]:
     b = TraceBuilder("never-materialized", usable=8)
     hashes = [block_hash("r", i) for i in range(2)]
     b.emit("claim_submitted", claim_id="claim:a", tenant="tenant-a", request_id="r",
-           protection_mode="best_effort", threshold_blocks=2)
+           protection_mode="hard_protected", threshold_blocks=2)
     b.emit("claim_accepted", claim_id="claim:a")
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id="claim:a", block_hash=h, position=i)

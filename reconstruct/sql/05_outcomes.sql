@@ -1,4 +1,4 @@
--- Stage 5: final outcome per claim, outcome per request, feasibility per admission decision.
+-- Stage 5: final outcome per claim, outcome per request.
 
 CREATE OR REPLACE TABLE claims AS
 WITH lost AS (
@@ -146,22 +146,4 @@ FROM a
 JOIN kv_runs r ON r.run_id = a.run_id
 ORDER BY a.run_id, coalesce(a.arrived_seq, a.admitted_seq, a.refused_seq), a.request_id;
 
-CREATE OR REPLACE TABLE feasibility AS
-SELECT
-    e.run_id, e.seq, e.ts_ns, e.request_id,
-    replace(e.event, 'request_', '') AS decision,
-    e.protected_blocks, e.blocks_required,
-    coalesce(e.usable_blocks, r.usable_blocks) AS usable_blocks,
-    e.free_blocks,
-    e.protected_blocks + e.blocks_required AS demand_blocks,
-    greatest(0, e.protected_blocks + e.blocks_required
-                - coalesce(e.usable_blocks, r.usable_blocks)) AS shortfall_blocks,
-    e.shortfall_blocks AS reported_shortfall_blocks,
-    -- NOTE: DESIGN §1: protected + required <= usable, else something must give
-    e.protected_blocks + e.blocks_required <= coalesce(e.usable_blocks, r.usable_blocks)
-        AS feasible,
-    e.blocking_claim_ids, r.policy, r.enforcing
-FROM events e
-JOIN kv_runs r ON r.run_id = e.run_id
-WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
-ORDER BY e.run_id, e.seq;
+-- NOTE: `feasibility` is built by 05_feasibility.sql (rebuilt from the block timeline).
