@@ -186,6 +186,45 @@ def hash_index(keys: np.ndarray, vals: np.ndarray, n_used: np.ndarray, h: np.uin
 
 
 @numba.njit(cache=True)
+def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray,
+             BS: np.ndarray, SL: np.ndarray):
+    """A new hash table for the live hashes only (renumbered), twice as big as needed.
+
+    NOTE: a hash with no copy, no binding and no in-force coverage has all-zero state: it can
+    be forgotten and re-entered fresh when it shows up again. This keeps memory proportional
+    to the content resident or bound, not to every hash the run ever saw."""
+    n_old = hused[0]
+    live = np.zeros(n_old, dtype=np.bool_)
+    for i in range(n_old):
+        live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
+                   or HS[i, H_RESID] != 0 or HS[i, H_EVC] != 0)
+    n_live = int(live.sum())
+    cap = 1024
+    while cap < 4 * (n_live + 16):
+        cap *= 2
+    keys = np.zeros(cap, dtype=np.uint64)
+    vals = np.full(cap, -1, dtype=np.int64)
+    hs = np.zeros((cap // 2, 6), dtype=np.int64)
+    hs[:, H_HEAD] = -1
+    remap = np.full(n_old, -1, dtype=np.int64)
+    used = np.zeros(1, dtype=np.int64)
+    for j in range(hkeys.shape[0]):
+        v = hvals[j]
+        if v >= 0 and live[v]:
+            nv = hash_index(keys, vals, used, hkeys[j])
+            remap[v] = nv
+            hs[nv] = HS[v]
+    for b in range(BS.shape[0]):
+        if BS[b, B_HASH] >= 0:
+            BS[b, B_HASH] = remap[BS[b, B_HASH]]
+    for sl in range(SL.shape[0]):
+        if SL[sl, S_HASH] >= 0:
+            SL[sl, S_HASH] = remap[SL[sl, S_HASH]]
+    hused[0] = used[0]
+    return keys, vals, hs
+
+
+@numba.njit(cache=True)
 def _set_pred(inst: int, seq: int, IS: np.ndarray, k: np.ndarray, R: np.ndarray,
               nr: np.ndarray, dirty: np.ndarray, C: np.ndarray) -> None:
     """Re-evaluate an instance's predicate after its ok count changed."""
@@ -442,6 +481,9 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     for i in range(n):
         e = ev[i]
         s = seq[i]
+        # room for the (at most 3) hashes this event may add
+        if 2 * (hused[0] + 3) > hkeys.shape[0] or hused[0] + 3 > HS.shape[0]:
+            hkeys, hvals, HS = _rebuild(hkeys, hvals, hused, HS, BS, SL)
         # capacity for the worst case of this event
         if e == EV_RESET:
             need = C[C_NSLOTS] + nb + 1
@@ -625,7 +667,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     M[nm, 1] = s
                     nm += 1
             C[C_NDIRTY] = 0
-    return L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm]
+    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], hkeys, hvals,
+            HS)
 
 
 @numba.njit(cache=True)
@@ -744,8 +787,6 @@ class _Run:
              for r in facts.column("release_event").to_pylist()], dtype=np.int64)
         nslots = int(self.nsl.sum())
         self.SL = np.full((max(1, nslots), 5), -1, dtype=np.int64)
-        for i in range(ni):   # NOTE: vectorised below would be nicer; instances are few
-            pass
         if nslots:
             inst = np.repeat(np.arange(ni, dtype=np.int64), self.nsl)
             self.SL[:nslots, S_INST] = inst
@@ -765,30 +806,13 @@ class _Run:
         self.hkeys = np.zeros(1024, dtype=np.uint64)
         self.hvals = np.full(1024, -1, dtype=np.int64)
         self.hused = np.zeros(1, dtype=np.int64)
-        self.HS = self._new_hashes(1024)
+        self.HS = self._new_hashes(512)
 
     @staticmethod
     def _new_hashes(n: int) -> np.ndarray:
         hs = np.zeros((n, 6), dtype=np.int64)
         hs[:, H_HEAD] = -1
         return hs
-
-    def reserve(self, rows: int) -> None:
-        """Room in the hash table for ``rows`` more hashes."""
-        need = 2 * (int(self.hused[0]) + rows) + 16
-        cap = self.hkeys.shape[0]
-        if cap >= need:
-            return
-        while cap < need:
-            cap *= 2
-        used = self.hkeys[self.hvals >= 0]
-        vals = self.hvals[self.hvals >= 0]
-        self.hkeys = np.zeros(cap, dtype=np.uint64)
-        self.hvals = np.full(cap, -1, dtype=np.int64)
-        _rehash(self.hkeys, self.hvals, used, vals)
-        hs = self._new_hashes(cap)
-        hs[:self.HS.shape[0]] = self.HS
-        self.HS = hs
 
     def blocks(self, bid: np.ndarray, ok: np.ndarray) -> np.ndarray:
         """Dense block indices (-1: no block): the id itself when ids are small, else a map."""
@@ -828,19 +852,6 @@ class _Run:
         if self.block_map is None:
             return np.arange(self.BS.shape[0], dtype=np.int64)
         return np.argsort(self.BS[:, B_ID], kind="stable").astype(np.int64)
-
-
-@numba.njit(cache=True)
-def _rehash(keys: np.ndarray, vals: np.ndarray, old_keys: np.ndarray,
-            old_vals: np.ndarray) -> None:
-    mask = keys.shape[0] - 1
-    for j in range(old_keys.shape[0]):
-        h = old_keys[j]
-        i = int((h * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
-        while vals[i] >= 0:
-            i = (i + 1) & mask
-        keys[i] = h
-        vals[i] = old_vals[j]
 
 
 def _step_cut(step: np.ndarray, step_ok: np.ndarray) -> int:
@@ -883,8 +894,7 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
         code = np.where(iok, lut[ind], -1)
     inst_of = _instances(seq, ev, code, run.cur, run.fseq)
     bidx = run.blocks(bid, bok)
-    run.reserve(n)
-    L, P, A, AL, R, W, M = _pass(
+    L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.resl,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,

@@ -20,32 +20,47 @@ FROM events
 WHERE event IN ('request_admitted', 'request_deferred', 'request_refused', 'request_preempted')
   AND request_id IS NOT NULL;
 
+-- An admission's allocations. With steps: the request's block_allocated events in the
+-- admission's step (one aggregate, no per-event join). Without: those up to the request's next
+-- lifecycle event.
 CREATE OR REPLACE TEMP TABLE kv_admission_allocs AS
-WITH life AS (
-    SELECT run_id, request_id, seq, step, event,
+WITH adm AS (
+    SELECT run_id, request_id, seq AS adm_seq, step AS adm_step
+    FROM kv_decisions WHERE event = 'request_admitted'
+), per_step AS (
+    SELECT run_id, request_id, step, count(*) AS n
+    FROM events
+    WHERE event = 'block_allocated' AND step IS NOT NULL AND request_id IS NOT NULL
+    GROUP BY ALL
+), life AS (
+    SELECT run_id, request_id, seq, event,
            lead(seq) OVER (PARTITION BY run_id, request_id ORDER BY seq) AS next_seq
-    FROM (SELECT run_id, request_id, seq, step, event FROM kv_decisions
+    FROM (SELECT run_id, request_id, seq, event FROM kv_decisions WHERE step IS NULL
           UNION ALL
-          SELECT run_id, request_id, seq, step, event FROM events
-          WHERE event = 'request_finished' AND request_id IS NOT NULL)
-), adm AS (
-    SELECT run_id, request_id, seq AS adm_seq, step AS adm_step, next_seq AS adm_end
+          SELECT run_id, request_id, seq, event FROM events
+          WHERE event = 'request_finished' AND request_id IS NOT NULL AND step IS NULL)
+), adm_stepless AS (
+    SELECT run_id, request_id, seq AS adm_seq, next_seq AS adm_end
     FROM life WHERE event = 'request_admitted'
-), alloc AS (
-    SELECT a.run_id, a.request_id, a.seq, a.step
-    FROM events a
-    WHERE a.event = 'block_allocated' AND a.request_id IS NOT NULL
+), alloc_stepless AS (
+    SELECT x.run_id, x.request_id, x.seq, a.adm_seq, a.adm_end
+    FROM (SELECT run_id, request_id, seq FROM events
+          WHERE event = 'block_allocated' AND request_id IS NOT NULL AND step IS NULL) x
+    ASOF JOIN adm_stepless a ON a.run_id = x.run_id AND a.request_id = x.request_id
+                            AND x.seq > a.adm_seq
 )
-SELECT d.run_id, d.request_id, d.adm_seq, d.adm_step,
-       count(x.seq) FILTER (WHERE (d.adm_end IS NULL OR x.seq < d.adm_end)
-                              AND (d.adm_step IS NULL OR x.step = d.adm_step)) AS allocated
-FROM adm d
-LEFT JOIN (SELECT x.*, a.adm_seq
-           FROM alloc x
-           ASOF JOIN adm a ON a.run_id = x.run_id AND a.request_id = x.request_id
-                          AND x.seq > a.adm_seq) x
-  ON x.run_id = d.run_id AND x.request_id = d.request_id AND x.adm_seq = d.adm_seq
-GROUP BY ALL;
+SELECT a.run_id, a.request_id, a.adm_seq, coalesce(c.n, 0) AS allocated
+FROM adm a
+LEFT JOIN per_step c
+  ON c.run_id = a.run_id AND c.request_id = a.request_id AND c.step = a.adm_step
+WHERE a.adm_step IS NOT NULL
+UNION ALL
+SELECT a.run_id, a.request_id, a.adm_seq,
+       count(x.seq) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end) AS allocated
+FROM adm_stepless a
+LEFT JOIN alloc_stepless x
+  ON x.run_id = a.run_id AND x.request_id = a.request_id AND x.adm_seq = a.adm_seq
+GROUP BY a.run_id, a.request_id, a.adm_seq;
 
 CREATE OR REPLACE TABLE feasibility AS
 WITH prompt AS (
