@@ -741,7 +741,18 @@ SELECT claim_seq, claim_id, coalesce(k, 0) AS k, n_slots, protection_mode,
 FROM kv_claim_facts WHERE run_id = $rid ORDER BY claim_seq
 """
 
-_LABELS = np.array([None, *(LABEL_NAMES[i] for i in range(1, 6))], dtype=object)
+_LABEL_DICT = pa.array(["", *(LABEL_NAMES[i] for i in range(1, 6))], pa.string())
+
+
+def _labels(codes: np.ndarray) -> pa.Array:
+    """Label codes (severities) as a dictionary-encoded string column."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), _LABEL_DICT)
+
+
+def _const(value: str, n: int) -> pa.Array:
+    """``value`` repeated ``n`` times, dictionary-encoded (no Python list of n strings)."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)),
+                                          pa.array([value], pa.string()))
 
 
 def _np(col: Any, dtype: Any, fill: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -766,11 +777,13 @@ class _Run:
         self.unknown_from = -1 if unknown_from is None else int(unknown_from)
         facts = con.sql(_FACTS_SQL, params={"rid": rid}).to_arrow_table()
         self.fseq = facts.column("claim_seq").to_numpy().astype(np.int64)
-        self.fclaim = facts.column("claim_id").combine_chunks()
+        # claim ids of the instances, dictionary-encoded: takes by instance are int takes
+        self.fclaim = pc.dictionary_encode(facts.column("claim_id").combine_chunks())
         ni = len(self.fseq)
-        ids = sorted(set(self.fclaim.to_pylist()))
+        ids = sorted(set(facts.column("claim_id").to_pylist()))
         self.code = {c: i for i, c in enumerate(ids)}
-        self.rank = np.array([self.code[c] for c in self.fclaim.to_pylist()], dtype=np.int64)
+        self.rank = np.array([self.code[c] for c in facts.column("claim_id").to_pylist()],
+                             dtype=np.int64)
         self.cur = np.full(max(1, len(ids)), -1, dtype=np.int64)
         self.k = facts.column("k").to_numpy().astype(np.int64)
         self.nsl = facts.column("n_slots").to_numpy().astype(np.int64)
@@ -921,7 +934,8 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
     hash_ok = L[:, L_HASH_OK] == 1
     block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
     pair_inst = P[:, P_INST]
-    claim_str = run.fclaim.take(pa.array(pair_inst)) if npair else pa.array([], pa.string())
+    claim_str = (run.fclaim.take(pa.array(pair_inst)).cast(pa.string()) if npair
+                 else pa.array([], pa.string()))
     offsets = np.append(L[:, L_P0], L[-1, L_P1] if nl else 0).astype(np.int32)
     if nl:
         offsets -= offsets[0]
@@ -929,7 +943,7 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
     has_d = dinst >= 0
     step_arr = _opt(L[:, L_STEP], L[:, L_STEP_OK] == 1, pa.int64())
     losses = pa.table({
-        "run_id": pa.array([rid] * nl, pa.string()),
+        "run_id": _const(rid, nl),
         "seq": pa.array(L[:, L_SEQ]),
         "ts_ns": loss_ts,
         "block_id": _opt(L[:, L_BID], bok[rows] | ~real if nl else np.zeros(0, bool),
@@ -937,12 +951,11 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
         "block_hash": block_hash,
         "cause": cause,
         "by_request_id": by_req,
-        "label": pa.array(_LABELS[L[:, L_LABEL]], pa.string()),
+        "label": _labels(L[:, L_LABEL]),
         "claim_ids": pa.ListArray.from_arrays(pa.array(offsets), claim_str),
         "decided_by_seq": _opt(L[:, L_DSEQ], L[:, L_DSEQ] >= 0, pa.int64()),
-        "decided_by_claim_id": pc.if_else(
-            pa.array(has_d), run.fclaim.take(pa.array(np.where(has_d, dinst, 0)))
-            if len(run.fclaim) else pa.nulls(nl, pa.string()), pa.scalar(None, pa.string())),
+        "decided_by_claim_id": run.fclaim.take(pa.array(dinst, mask=~has_d))
+        if len(run.fclaim) else pa.nulls(nl, pa.string()),
         "claim_seq": _opt(run.fseq[np.where(has_d, dinst, 0)] if len(run.fseq)
                           else np.zeros(nl, np.int64), has_d, pa.int64()),
         "was_resident": pa.array(L[:, L_RES] == 1),
@@ -957,14 +970,14 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
     if npair:
         li = pa.array(P[:, P_LOSS])
         pairs = pa.table({
-            "run_id": pa.array([rid] * npair, pa.string()),
+            "run_id": _const(rid, npair),
             "seq": pa.array(P[:, P_SEQ]),
             "ts_ns": losses.column("ts_ns").take(li),
             "block_id": losses.column("block_id").take(li),
             "block_hash": losses.column("block_hash").take(li),
             "claim_seq": pa.array(run.fseq[pair_inst]),
             "position": pa.array(P[:, P_POS].astype(np.int32)),
-            "label": pa.array(_LABELS[P[:, P_LABEL]], pa.string()),
+            "label": _labels(P[:, P_LABEL]),
             "decided_by_seq": _opt(P[:, P_DSEQ], P[:, P_DSEQ] >= 0, pa.int64()),
             "predicate_before": pa.array(P[:, P_BEFORE] == 1),
             "predicate_after": pa.array(P[:, P_AFTER] == 1),
@@ -976,19 +989,19 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
         _insert(con, "kv_loss_pairs", pairs)
     if R.shape[0]:
         _insert(con, "kv_pred", pa.table({
-            "run_id": pa.array([rid] * R.shape[0], pa.string()),
+            "run_id": _const(rid, R.shape[0]),
             "claim_id": run.fclaim.take(pa.array(R[:, 0])),
             "claim_seq": pa.array(run.fseq[R[:, 0]]),
             "from_seq": pa.array(R[:, 1]), "to_seq": pa.array(R[:, 2])}))
     if M.shape[0]:
         _insert(con, "kv_materialized", pa.table({
-            "run_id": pa.array([rid] * M.shape[0], pa.string()),
+            "run_id": _const(rid, M.shape[0]),
             "claim_id": run.fclaim.take(pa.array(M[:, 0])),
             "claim_seq": pa.array(run.fseq[M[:, 0]]),
             "materialized_seq": pa.array(M[:, 1])}))
     if W.shape[0]:
         _insert(con, "kv_copies", pa.table({
-            "run_id": pa.array([rid] * W.shape[0], pa.string()),
+            "run_id": _const(rid, W.shape[0]),
             "block_id": pa.array(W[:, 0].astype(np.int32)),
             "block_hash": pa.array(W[:, 1].view(np.uint64)),
             "start_seq": pa.array(W[:, 2]), "end_seq": pa.array(W[:, 3]),
@@ -997,7 +1010,7 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
         loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
         loff -= loff[0]
         _insert(con, "kv_admission_state", pa.table({
-            "run_id": pa.array([rid] * A.shape[0], pa.string()),
+            "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
             "request_id": t.column("request_id").combine_chunks().take(pa.array(A[:, A_ROW])),
             "protected_blocks": pa.array(A[:, A_PROT]),
@@ -1013,7 +1026,7 @@ def _finish(run: _Run, con: Any) -> None:
     open_ = np.flatnonzero(run.IS[:len(run.fseq), I_PRED] == 1)
     if open_.size:
         _insert(con, "kv_pred", pa.table({
-            "run_id": pa.array([run.rid] * open_.size, pa.string()),
+            "run_id": _const(run.rid, open_.size),
             "claim_id": run.fclaim.take(pa.array(open_)),
             "claim_seq": pa.array(run.fseq[open_]),
             "from_seq": pa.array(run.IS[open_, I_PRED_FROM]),

@@ -71,11 +71,17 @@ WITH prompt AS (
 ), bsize AS (
     SELECT run_id, arg_min(block_size, seq) AS block_size
     FROM events WHERE event = 'run_started' GROUP BY run_id
+), later AS (
+    SELECT d.run_id, d.seq, a.allocated
+    FROM (SELECT * FROM kv_decisions
+          WHERE event IN ('request_deferred', 'request_preempted')) d
+    ASOF JOIN kv_admission_allocs a
+      ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq >= d.seq
 ), f AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
            s.protected_blocks,
-           coalesce(a.allocated,
+           coalesce(a.allocated, l.allocated,
                     CASE WHEN d.event <> 'request_preempted' AND b.block_size > 0
                          THEN ceil(p.num_prompt_tokens / b.block_size)::BIGINT END)
                AS required_blocks,
@@ -90,9 +96,10 @@ WITH prompt AS (
     LEFT JOIN kv_admission_state s ON s.run_id = d.run_id AND s.seq = d.seq
     LEFT JOIN bsize b ON b.run_id = d.run_id
     LEFT JOIN prompt p ON p.run_id = d.run_id AND p.request_id = d.request_id
-    ASOF LEFT JOIN kv_admission_allocs a
-      ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq >= d.seq
-     AND d.event <> 'request_refused'
+    -- the decision's own admission (equality), else the request's next one (deferrals)
+    LEFT JOIN kv_admission_allocs a
+      ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.seq
+    LEFT JOIN later l ON l.run_id = d.run_id AND l.seq = d.seq
 )
 SELECT run_id, seq, ts_ns, step, request_id, event, usable_blocks, protected_blocks,
        required_blocks,
