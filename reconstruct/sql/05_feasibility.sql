@@ -8,8 +8,9 @@
 -- required_blocks: the request's blocks not hit in the cache: its block_allocated events of
 --   that admission (the decision itself if admitted, else the request's next admission; from
 --   the admission to the request's next lifecycle event, in the admission's scheduler step
---   when the trace has steps). A request never admitted: its prompt's blocks,
---   ceil(num_prompt_tokens / block_size) (no hit can be credited without an admission).
+--   when the trace has steps). A request never admitted, or an admission with neither an
+--   allocation nor a hit in the trace: its prompt's blocks, ceil(num_prompt_tokens /
+--   block_size) (no hit can be credited without evidence).
 -- feasible: protected + required <= usable (DESIGN: docs/design.md, "Feasibility").
 -- The runtime's own figures stay beside them (runtime_*); agrees: both verdicts are equal.
 
@@ -28,9 +29,11 @@ WITH adm AS (
     SELECT run_id, request_id, seq AS adm_seq, step AS adm_step
     FROM kv_decisions WHERE event = 'request_admitted'
 ), per_step AS (
-    SELECT run_id, request_id, step, count(*) AS n
+    SELECT run_id, request_id, step, count(*) FILTER (WHERE event = 'block_allocated') AS n,
+           count(*) AS n_blocks
     FROM events
-    WHERE event = 'block_allocated' AND step IS NOT NULL AND request_id IS NOT NULL
+    WHERE event IN ('block_allocated', 'block_hit') AND step IS NOT NULL
+      AND request_id IS NOT NULL
     GROUP BY ALL
 ), life AS (
     SELECT run_id, request_id, seq, event,
@@ -43,20 +46,25 @@ WITH adm AS (
     SELECT run_id, request_id, seq AS adm_seq, next_seq AS adm_end
     FROM life WHERE event = 'request_admitted'
 ), alloc_stepless AS (
-    SELECT x.run_id, x.request_id, x.seq, a.adm_seq, a.adm_end
-    FROM (SELECT run_id, request_id, seq FROM events
-          WHERE event = 'block_allocated' AND request_id IS NOT NULL AND step IS NULL) x
+    SELECT x.run_id, x.request_id, x.seq, x.event, a.adm_seq, a.adm_end
+    FROM (SELECT run_id, request_id, seq, event FROM events
+          WHERE event IN ('block_allocated', 'block_hit') AND request_id IS NOT NULL
+            AND step IS NULL) x
     ASOF JOIN adm_stepless a ON a.run_id = x.run_id AND a.request_id = x.request_id
                             AND x.seq > a.adm_seq
 )
-SELECT a.run_id, a.request_id, a.adm_seq, coalesce(c.n, 0) AS allocated
+-- NOTE: an admission with neither an allocation nor a hit in the trace has no evidence of its
+-- blocks: NULL here, so feasibility falls back to the prompt's blocks (never a guessed 0)
+SELECT a.run_id, a.request_id, a.adm_seq, CASE WHEN c.n_blocks > 0 THEN c.n END AS allocated
 FROM adm a
 LEFT JOIN per_step c
   ON c.run_id = a.run_id AND c.request_id = a.request_id AND c.step = a.adm_step
 WHERE a.adm_step IS NOT NULL
 UNION ALL
 SELECT a.run_id, a.request_id, a.adm_seq,
-       count(x.seq) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end) AS allocated
+       CASE WHEN count(x.seq) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end) > 0
+            THEN count(x.seq) FILTER (WHERE (a.adm_end IS NULL OR x.seq < a.adm_end)
+                                        AND x.event = 'block_allocated') END AS allocated
 FROM adm_stepless a
 LEFT JOIN alloc_stepless x
   ON x.run_id = a.run_id AND x.request_id = a.request_id AND x.adm_seq = a.adm_seq
@@ -81,7 +89,7 @@ WITH prompt AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
            s.protected_blocks,
-           coalesce(a.allocated, l.allocated,
+           coalesce(a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END,
                     CASE WHEN d.event <> 'request_preempted' AND b.block_size > 0
                          THEN ceil(p.num_prompt_tokens / b.block_size)::BIGINT END)
                AS required_blocks,
