@@ -229,6 +229,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def run_one(shape: str, events: int, memory_limit: str, python_events: int,
             work: Path) -> dict[str, Any]:
     """Generate, read, reconstruct, write and replay one shape; return its figures."""
@@ -245,11 +251,13 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
         print(f"  {shape}: {stage} {marks[stage] - start:.1f} s", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
+    cpu0 = cpu_s()
     tables, _info = core.reconstruct_paths(paths, memory_limit=memory_limit,
                                            temp_directory=work / "spill", progress=progress)
     t_all = time.perf_counter()
     tables.write(work / "out")
     t_written = time.perf_counter()
+    cpu_e2e = cpu_s() - cpu0
     rss = peak_rss_mib()
     stages, prev = {}, start
     for name, t in marks.items():
@@ -272,7 +280,7 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
     return {
         "shape": shape, "events": n, "read_s": t_read, "import_s": t_import,
         "label_s": marks["04_labels.sql"] - start, "all_s": t_all - start,
-        "e2e_s": t_written - start, "write_s": t_written - t_all,
+        "e2e_s": t_written - start, "e2e_cpu_s": cpu_e2e, "write_s": t_written - t_all,
         "rss_mib": rss, "rss_gen_mib": rss_gen, "py_events": py_n, "py_s": py_t,
         "checked": len(py_labels), "mismatches": [str(m) for m in mismatches[:5]],
         "n_mismatches": len(mismatches), "labels": counts, "loss_claims": pairs,
@@ -294,7 +302,8 @@ def fmt(r: dict[str, Any]) -> list[str]:
         f"  import (read + DuckDB table) {rate(r['import_s'])}",
         f"  label (import + 01-04)       {rate(r['label_s'])}",
         f"  all tables (import + 01-07)  {rate(r['all_s'])}",
-        f"  end to end (+ Parquet)       {rate(r['e2e_s'])}",
+        f"  end to end (+ Parquet)       {rate(r['e2e_s'])}, {r['e2e_cpu_s']:.1f} s CPU "
+        f"(all threads) = {n / r['e2e_cpu_s'] / 1e6:.2f} M events per CPU-second",
         f"  plain-Python replay          {py / 1e6:7.2f} M/s on {r['py_events']:,} events"
         f"  -> end to end = {e2e / py:5.1f}x python",
         f"  peak RSS                     {r['rss_mib']:,.0f} MiB "
