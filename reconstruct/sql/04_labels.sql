@@ -1,4 +1,4 @@
--- Stage 4: the labelled losses, as tables (DESIGN: docs/design.md "Labels").
+-- Stage 4: the labelled losses, as tables (docs/design.md, "Labels").
 -- The labels themselves are decided by stage 03's one ordered pass (reconstruct/labels.py,
 -- rule table: reconstruct.labels.rule); this stage only selects and joins its outputs.
 

@@ -11,7 +11,7 @@
 --   when the trace has steps). A request never admitted, or an admission with neither an
 --   allocation nor a hit in the trace: its prompt's blocks, ceil(num_prompt_tokens /
 --   block_size) (no hit can be credited without evidence).
--- feasible: protected + required <= usable (DESIGN: docs/design.md, "Feasibility").
+-- feasible: protected + required <= usable (docs/design.md, "Feasibility").
 -- The runtime's own figures stay beside them (runtime_*); agrees: both verdicts are equal.
 
 CREATE OR REPLACE TEMP TABLE kv_decisions AS
