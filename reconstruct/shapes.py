@@ -1,8 +1,8 @@
 """Canonical trace shapes in our vocabulary, for fixtures, docs and benchmarks.
 
-The paper's capacity probe (docs/design.md, "Conformance"; prior-art §1): a resident prompt of ``resident`` blocks
-(optionally declaring a claim over all of them), then an active prompt of ``active`` blocks in a
-pool of ``usable`` blocks. Under pressure vLLM evicts the finished resident chain tail first, so
+The paper's capacity probe (docs/design.md, "Conformance"; prior-art §1): a resident prompt of
+``resident`` blocks (optionally declaring a claim over all of them), then an active prompt of
+``active`` blocks in a pool of ``usable`` blocks. Under pressure vLLM evicts the finished resident chain tail first, so
 positions ``resident - lost .. resident - 1`` are lost and the leading ones survive.
 
 ``python -m reconstruct.shapes OUT_DIR`` writes every shape as ``OUT_DIR/<name>.jsonl`` (the
