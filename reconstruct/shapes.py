@@ -2,8 +2,9 @@
 
 The paper's capacity probe (docs/design.md, "Conformance"; prior-art §1): a resident prompt of
 ``resident`` blocks (optionally declaring a claim over all of them), then an active prompt of
-``active`` blocks in a pool of ``usable`` blocks. Under pressure vLLM evicts the finished resident chain tail first, so
-positions ``resident - lost .. resident - 1`` are lost and the leading ones survive.
+``active`` blocks in a pool of ``usable`` blocks. Under pressure vLLM evicts the finished
+resident chain tail first, so positions ``resident - lost .. resident - 1`` are lost and the
+leading ones survive.
 
 ``python -m reconstruct.shapes OUT_DIR`` writes every shape as ``OUT_DIR/<name>.jsonl`` (the
 files in ``tests/fixtures/`` are made this way; a test checks they are up to date).
