@@ -180,16 +180,39 @@ claim_op = st.one_of(
     st.tuples(st.just("claim_bound"), st.sampled_from(CLAIMS), st.sampled_from(HASHES),
               st.integers(0, 2)),
 )
+# composite ops make the interesting cases common: a claim covering two cached hashes at once,
+# and a block lost and cached again with the same content (in one step when the trace has steps)
+compound_op = st.one_of(
+    st.tuples(st.just("claim_all"), st.sampled_from(CLAIMS), st.sampled_from(MODES)),
+    st.tuples(st.just("churn"), st.sampled_from(BLOCKS), st.sampled_from(HASHES[:2])),
+)
 rare_op = st.sampled_from([("recorder_gap",), ("hook_failed",)])
 step_op = st.just(("next_step",))
-ops = st.lists(st.one_of(block_op, block_op, claim_op, claim_op, step_op, step_op, rare_op),
-               min_size=1, max_size=40)
+random_ops = st.lists(st.one_of(block_op, block_op, claim_op, claim_op, compound_op,
+                                compound_op, step_op, step_op, rare_op),
+                      min_size=1, max_size=40)
+# half the programs start with a materialized claim (the cases where labels differ most)
+materialized = st.sampled_from(MODES).map(lambda mode: [
+    ("claim_all", "c1", mode), ("block_cached", 1, HASHES[0]), ("block_cached", 2, HASHES[1]),
+    ("next_step",)])
+ops = st.tuples(st.one_of(st.just([]), materialized), random_ops).map(lambda t: t[0] + t[1])
+
+
+def _expand(op: tuple) -> list[tuple]:
+    """Composite ops as plain ones."""
+    if op[0] == "claim_all":
+        return [("claim_submitted", op[1], 2, op[2]), ("claim_accepted", op[1]),
+                ("claim_bound", op[1], HASHES[0], 0), ("claim_bound", op[1], HASHES[1], 1)]
+    if op[0] == "churn":
+        return [("block_evicted", op[1], op[2]), ("block_cached", op[1], op[2])]
+    return [op]
 
 
 def build(run_id: str, program: list[tuple], stepped: bool) -> list[dict[str, Any]]:
     """A trace of ``program``; with ``stepped`` every event carries its scheduler step."""
     events: list[dict[str, Any]] = [{"event": "run_started", "policy": "native"}]
     step = 0
+    program = [part for op in program for part in _expand(op)]
     for op in program:
         name = op[0]
         ev: dict[str, Any]
