@@ -64,7 +64,7 @@ LABEL_NAMES: Final[dict[int, str]] = {v: k for k, v in LABEL_SEVERITY.items()}
 MODE_BEST_EFFORT, MODE_SOFT, MODE_RESIDENCY = 0, 1, 2
 REL_NONE, REL_RELAXATION, REL_EXPIRY = 0, 1, 2
 
-WINDOW_ROWS: Final[int] = 4_000_000
+WINDOW_ROWS: Final[int] = 1_000_000
 _NULL: Final[int] = -1
 
 
