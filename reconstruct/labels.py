@@ -76,7 +76,9 @@ def mode_class(mode: str | None) -> int:
         return MODE_BEST_EFFORT
     if mode == "soft_priority":
         return MODE_SOFT
-    assert mode is None or mode in RESIDENCY_MODES or True  # unknown names: residency
+    if mode in RESIDENCY_MODES:
+        return MODE_RESIDENCY
+    # NOTE: a mode we do not know is judged as a residency promise: never hide harm
     return MODE_RESIDENCY
 
 
