@@ -1,109 +1,228 @@
-"""Reconstruction benchmark: a synthetic trace of N events (default 10 M), reconstructed in
-bounded memory, against a plain-Python replay of the same labels.
+"""Reconstruction benchmark across trace shapes, against a plain-Python replay of the labels.
 
-    python benchmarks/reconstruct.py [--events N] [--memory-limit 4GB] [--python-events N]
+    python benchmarks/reconstruct.py [--events N] [--shapes sparse,dense,sweep]
+                                     [--memory-limit 2GB] [--python-events N]
+    python benchmarks/reconstruct.py --out-of-core        # opt-in: 1 B dense events
 
-Prints, side by side: import events/s (run directory -> DuckDB, streamed), reconstruct
-events/s for the labelling core (stages 01-04) and for all tables (01-07, incl. findings and
-conformance), end to end, peak RSS, the plain-Python replay's events/s on the same labels and
-the ratios, and checks that the reconstructor's labels equal the replay's on the replayed part
-(wall and CPU seconds: the machine may be shared; CPU counts every DuckDB thread).
+Each shape runs in its own process (so peak RSS is its own) and prints, side by side: read
+events/s (the loader alone: run directory -> decoded Arrow batches), label events/s (import +
+stages 01-04: every loss labelled), all tables events/s (stages 01-07), end to end events/s
+(import + all tables + Parquet written), peak RSS, the plain-Python replay's events/s on the
+same labels and the ratio, and whether both agree on every label of the replayed part.
 
-The trace: requests of ``--blocks`` blocks each arrive one after another into a pool of
-``--pool`` blocks; each request allocates and caches its blocks, finishes and frees them; a
-block reused later is evicted first (so most cached blocks are eventually lost). Every 10th
-request declares a claim over its prefix (submitted, accepted, bound, materialized); half of
-those are released after the request finishes (their losses are relaxation), the others are
-harmed when their blocks are reused (native policy: claims are recorded, not enforced).
+Shapes (reconstruct/synthetic.py): ``sparse`` (1 request in 10 claims a prefix), ``dense``
+(every other request claims its whole prompt, chains shared by many claims, several copies
+of a hash, every lifecycle end, claim-id reuse, resets, a 2000-block pool, one scheduler step
+per request), ``sweep`` (21 sparse runs of a capacity sweep, reconstructed together).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reconstruct import core, loader, synthetic  # noqa: E402
 
-EVENT_NAMES, template, chunk_batch = synthetic.EVENT_NAMES, synthetic.template, synthetic.chunk_batch
+SWEEP_RUNS = 21
+MODE_CLASS = {"best_effort": 0, "soft_priority": 1}  # anything else: residency (2)
 
 
-def write_trace(out: Path, events: int, n: int, pool: int) -> int:
-    """Write a synthetic run directory of about ``events`` events; return the exact count."""
-    return synthetic.write_trace(out, events, n, pool)
+def write_shape(work: Path, shape: str, events: int) -> tuple[list[Path], int]:
+    """Write the shape's run directories under ``work``; return (paths, events written)."""
+    if shape == "sweep":
+        total, paths = 0, []
+        for i in range(SWEEP_RUNS):
+            pool = 1024 + 256 * i
+            path = work / "sweep" / f"run{i:02d}"
+            total += synthetic.write_trace(path, events // SWEEP_RUNS, 8, pool,
+                                           run_id=f"sweep-{i:02d}", progress=False)
+            paths.append(path)
+        return [work / "sweep"], total
+    path = work / shape
+    n = synthetic.write_trace(path, events, run_id=shape, progress=True,
+                              shape=synthetic.SHAPES[shape])
+    return [path], n
 
+
+# -- the plain-Python replay ---------------------------------------------------------------------
 
 def python_replay(run_dir: Path, limit: int) -> tuple[int, float, dict[tuple[int, int], str]]:
-    """Plain-Python replay of the loss labels over the first ``limit`` events.
+    """Plain-Python replay of the loss labels over the first ``limit`` events of one run (to the
+    end of the step holding the last one), reading the same run directory.
 
-    Returns (events replayed, seconds, {(seq, block_id): label}). It reads the same run
-    directory batch by batch (reading is part of its time) and keeps per-block content,
-    per-hash copies and per-claim state in dicts, for this trace's shapes: one copy per
-    hash, claims with a declared threshold, submitted and accepted before their blocks.
+    Returns (events replayed, seconds, {(seq, block_id): label}). Dicts keep per-block content
+    and request references, per-hash copies and bindings, per-instance predicate counts, and the
+    counters the soft_priority rule needs. It assumes what the synthetic traces guarantee: no
+    gap, no hook failure, claims with a declared threshold, every event with a step.
     """
     content: dict[int, int] = {}
+    refs: dict[int, int] = {}
     copies: dict[int, int] = {}
-    bound: dict[int, list[str]] = {}
-    claims: dict[str, dict[str, Any]] = {}
+    evc: dict[int, int] = {}            # hash -> evictable copies
+    soft: dict[int, int] = {}           # hash -> in-force soft-or-stronger bindings
+    low = 0                             # evictable blocks whose hash no such binding covers
+    binds: dict[int, list[list[Any]]] = {}   # hash -> [instance, position] bindings
+    inst: dict[str, dict[str, Any]] = {}      # claim id -> latest instance
+    pending: list[tuple[int, int, list[tuple[dict[str, Any], bool]]]] = []
     labels: dict[tuple[int, int], str] = {}
-    rank = {"eviction": 0, "relaxation": 1, "harm": 2}
+    sev = {"eviction": 1, "relaxation": 2, "expiry": 3, "harm": 4}
+
+    def judge(now: int) -> None:
+        for seq, b, pairs in pending:
+            best = "eviction"
+            for c, low_then in pairs:
+                if c["acc"] is None or c["acc"] >= seq:
+                    lab = "eviction"
+                elif c["rel"] is not None and c["rel"] < seq:
+                    lab = "expiry" if c["relev"] == "claim_expired" else "relaxation"
+                elif c["mode"] == 0 or c["mat"] is None or c["mat"] >= seq or c["ok"] == c["k"]:
+                    lab = "eviction"
+                elif c["mode"] == 1 and not low_then:
+                    lab = "eviction"
+                else:
+                    lab = "harm"
+                if sev[lab] > sev[best]:
+                    best = lab
+            labels[(seq, b)] = best
+        pending.clear()
+        for c in dirty:
+            if (c["mat"] is None and c["ok"] == c["k"] and c["acc"] is not None
+                    and c["rel"] is None):
+                c["mat"] = now
+        dirty.clear()
+
+    def resident(h: int, d: int) -> None:
+        for c, p in binds.get(h, ()):
+            if p < c["k"]:
+                c["ok"] += d
+                if c["ok"] == c["k"]:
+                    dirty.append(c)
+
+    def add_copy(b: int, h: int, d: int) -> None:
+        nonlocal low
+        if refs.get(b, 0) == 0:
+            evc[h] = evc.get(h, 0) + d
+            if soft.get(h, 0) == 0:
+                low += d
+        n = copies.get(h, 0) + d
+        copies[h] = n
+        if (d > 0 and n == 1) or (d < 0 and n == 0):
+            resident(h, d)
+
+    def ref(b: int, d: int) -> None:
+        nonlocal low
+        old = refs.get(b, 0)
+        new = max(0, old + d)
+        refs[b] = new
+        h = content.get(b)
+        if h is not None and (old == 0) != (new == 0):
+            e = -1 if new else 1
+            evc[h] = evc.get(h, 0) + e
+            if soft.get(h, 0) == 0:
+                low += e
+
+    def cover(c: dict[str, Any], h: int, d: int) -> None:
+        nonlocal low
+        if c["mode"] == 0:
+            return
+        old = soft.get(h, 0)
+        soft[h] = old + d
+        if old == 0 and d > 0:
+            low -= evc.get(h, 0)
+        elif old + d == 0:
+            low += evc.get(h, 0)
+
+    dirty: list[dict[str, Any]] = []
     done = 0
+    last_step = None
     t0 = time.perf_counter()
     for batch in loader.iter_batches([run_dir]):
-        cols = batch.select(["seq", "event", "block_id", "block_hash", "claim_id",
-                             "position", "threshold_blocks"]).to_pydict()
-        for seq, ev, b, h, cid, p, k in zip(*cols.values()):
-            if ev == "block_cached":
+        cols = batch.select(["seq", "step", "event", "block_id", "block_hash", "claim_id",
+                             "position", "threshold_blocks", "protection_mode"]).to_pydict()
+        for seq, step, ev, b, h, cid, p, k, mode in zip(*cols.values()):
+            if last_step is not None and step != last_step:
+                judge(seq - 1)
+                if done >= limit:
+                    return done, time.perf_counter() - t0, labels
+            last_step = step
+            if ev == "block_cached" or ev == "block_hit":
+                if ev == "block_hit":
+                    ref(b, 1)
                 old = content.get(b)
-                if old is not None:
-                    copies[old] -= 1
-                content[b] = h
-                copies[h] = copies.get(h, 0) + 1
-                for c in bound.get(h, ()):
-                    st = claims[c]
-                    st["missing"] -= 1
-                    if st["missing"] == 0 and st["mat"] is None:
-                        st["mat"] = seq
+                if old != h:
+                    if old is not None:
+                        del content[b]
+                        add_copy(b, old, -1)
+                    content[b] = h
+                    add_copy(b, h, 1)
             elif ev == "block_evicted":
                 if h is None:
                     h = content.get(b)
-                if content.pop(b, None) is not None:
-                    copies[h] -= 1
-                label = "eviction"
-                for c in bound.get(h, ()):
-                    st = claims[c]
-                    if copies.get(h, 0) == 0:
-                        st["missing"] += 1
-                    if st["released"] is not None:
-                        lab = "relaxation"
-                    elif st["mat"] is not None and st["missing"] > 0:
-                        lab = "harm"
-                    else:
-                        lab = "eviction"
-                    if rank[lab] > rank[label]:
-                        label = lab
-                labels[(seq, b)] = label
+                pairs = []
+                seen = set()
+                for c, _p in binds.get(h, ()):
+                    if id(c) not in seen:
+                        seen.add(id(c))
+                        pairs.append((c, low > 0))
+                pending.append((seq, b, pairs))
+                old = content.pop(b, None)
+                if old is not None:
+                    add_copy(b, old, -1)
+            elif ev == "cache_reset":
+                for blk in sorted(content):
+                    hh = content[blk]
+                    cs = {id(c): c for c, _p in binds.get(hh, ())}
+                    pending.append((seq, blk, [(c, False) for c in cs.values()]))
+                for blk in list(content):
+                    add_copy(blk, content.pop(blk), -1)
+            elif ev == "block_allocated":
+                ref(b, 1)
+            elif ev == "block_freed":
+                ref(b, -1)
             elif ev == "claim_submitted":
-                claims[cid] = {"k": k, "missing": k, "mat": None, "released": None}
+                inst[cid] = {"k": k, "ok": 0, "mat": None, "acc": None, "rel": None,
+                             "relev": None, "mode": MODE_CLASS.get(mode, 2), "bound": []}
+            elif ev == "claim_accepted":
+                c = inst[cid]
+                c["acc"] = seq
+                for hh, pp in c["bound"]:
+                    if pp < c["k"]:
+                        cover(c, hh, 1)
+                dirty.append(c)
             elif ev == "claim_bound":
-                bound.setdefault(h, []).append(cid)
-            elif ev == "claim_released":
-                claims[cid]["released"] = seq
+                c = inst[cid]
+                binds.setdefault(h, []).append([c, p])
+                c["bound"].append((h, p))
+                if p < c["k"] and copies.get(h, 0) > 0:
+                    c["ok"] += 1
+                    dirty.append(c)
+                if c["acc"] is not None and c["rel"] is None and p < c["k"]:
+                    cover(c, h, 1)
+            elif ev in ("claim_released", "claim_demoted", "claim_expired"):
+                c = inst[cid]
+                if c["rel"] is None:
+                    c["rel"], c["relev"] = seq, ev
+                    if c["acc"] is not None:
+                        for hh, pp in c["bound"]:
+                            if pp < c["k"]:
+                                cover(c, hh, -1)
             done += 1
-            if done >= limit:
-                return done, time.perf_counter() - t0, labels
+    judge(-1)
     return done, time.perf_counter() - t0, labels
 
+
+# -- one shape, in its own process ---------------------------------------------------------------
 
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
@@ -116,115 +235,129 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-# What each reported figure covers (also printed with --explain).
-SCOPES = """\
-import       run directory segments -> loader (decode, checks) -> DuckDB table `events` (streamed)
-labelling    stages 01-04 on `events`: runs, block timeline (kv_losses), claims + predicate,
-             loss_claims and losses (every loss labelled)
-all tables   stages 01-07: the above + claims, requests, feasibility, findings, conformance
-end to end   import + all tables
-python       plain-Python replay of the losses' labels only (reads the same run directory);
-             the ratios divide the reconstructor's rate by this one"""
+def run_one(shape: str, events: int, memory_limit: str, python_events: int,
+            work: Path) -> dict[str, Any]:
+    """Generate, read, reconstruct, write and replay one shape; return its figures."""
+    paths, n = write_shape(work, shape, events)
+    rss_gen = peak_rss_mib()
+    t0 = time.perf_counter()
+    read = sum(b.num_rows for b in loader.iter_batches(paths))
+    t_read = time.perf_counter() - t0
+    assert read == n, (read, n)
+    marks: dict[str, float] = {}
+
+    def progress(stage: str) -> None:
+        marks[stage] = time.perf_counter()
+        print(f"  {shape}: {stage} {marks[stage] - start:.1f} s", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    cpu0 = cpu_s()
+    tables, _info = core.reconstruct_paths(paths, memory_limit=memory_limit,
+                                           temp_directory=work / "spill", progress=progress)
+    t_all = time.perf_counter()
+    tables.write(work / "out")
+    t_written = time.perf_counter()
+    cpu_e2e = cpu_s() - cpu0
+    rss = peak_rss_mib()
+    stages, prev = {}, start
+    for name, t in marks.items():
+        stages[name] = round(t - prev, 2)
+        prev = t
+    first_run = (paths[0] / "run00") if shape == "sweep" else paths[0]
+    rid = "sweep-00" if shape == "sweep" else shape
+    py_n, py_t, py_labels = python_replay(first_run, python_events)
+    last = max((s for s, _b in py_labels), default=-1)
+    got = {(s, b): lab for s, b, lab in tables.con.execute(
+        "SELECT seq, block_id, label FROM losses WHERE run_id = $rid AND seq <= $last",
+        {"rid": rid, "last": last}).fetchall()}
+    mismatches = sorted((k, got.get(k), py_labels.get(k)) for k in set(got) | set(py_labels)
+                        if got.get(k) != py_labels.get(k))
+    counts = dict(tables.con.sql(
+        "SELECT label, count(*) FROM losses GROUP BY label ORDER BY label").fetchall())
+    pairs = tables.con.sql("SELECT count(*) FROM loss_claims").fetchall()[0][0]
+    tables.con.close()
+    t_import = marks["import"] - start
+    return {
+        "shape": shape, "events": n, "read_s": t_read, "import_s": t_import,
+        "label_s": marks["04_labels.sql"] - start, "all_s": t_all - start,
+        "e2e_s": t_written - start, "e2e_cpu_s": cpu_e2e, "write_s": t_written - t_all,
+        "rss_mib": rss, "rss_gen_mib": rss_gen, "py_events": py_n, "py_s": py_t,
+        "checked": len(py_labels), "mismatches": [str(m) for m in mismatches[:5]],
+        "n_mismatches": len(mismatches), "labels": counts, "loss_claims": pairs,
+        "stages": stages,
+    }
+
+
+def fmt(r: dict[str, Any]) -> list[str]:
+    n = r["events"]
+    py = r["py_events"] / r["py_s"]
+
+    def rate(s: float) -> str:
+        return f"{n / s / 1e6:7.2f} M/s ({s:6.1f} s)"
+
+    e2e = n / r["e2e_s"]
+    return [
+        f"{r['shape']} — {n:,} events, {r['loss_claims']:,} loss_claims rows",
+        f"  read (loader alone)          {rate(r['read_s'])}",
+        f"  import (read + DuckDB table) {rate(r['import_s'])}",
+        f"  label (import + 01-04)       {rate(r['label_s'])}",
+        f"  all tables (import + 01-07)  {rate(r['all_s'])}",
+        f"  end to end (+ Parquet)       {rate(r['e2e_s'])}, {r['e2e_cpu_s']:.1f} s CPU "
+        f"(all threads) = {n / r['e2e_cpu_s'] / 1e6:.2f} M events per CPU-second",
+        f"  plain-Python replay          {py / 1e6:7.2f} M/s on {r['py_events']:,} events"
+        f"  -> end to end = {e2e / py:5.1f}x python",
+        f"  peak RSS                     {r['rss_mib']:,.0f} MiB "
+        f"(after generating: {r['rss_gen_mib']:,.0f} MiB)",
+        f"  labels check                 "
+        + (f"OK: {r['checked']:,} losses agree" if not r["n_mismatches"] else
+           f"MISMATCH: {r['n_mismatches']:,} of {r['checked']:,}, e.g. {r['mismatches']}"),
+        f"  labels                       {r['labels']}",
+        f"  per stage (s)                {r['stages']}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=10_000_000)
-    ap.add_argument("--blocks", type=int, default=8, help="blocks per request")
-    ap.add_argument("--pool", type=int, default=4096, help="usable blocks")
-    ap.add_argument("--memory-limit", default="4GB")
-    ap.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all)")
+    ap.add_argument("--shapes", default="sparse,dense,sweep")
+    ap.add_argument("--memory-limit", default="2GB")
     ap.add_argument("--python-events", type=int, default=1_000_000,
                     help="events the plain-Python replay runs on (its rate is per event)")
-    ap.add_argument("--keep", metavar="DIR", help="write the trace here and keep it")
+    ap.add_argument("--out-of-core", action="store_true",
+                    help="opt-in: 1 B dense events, memory_limit 2GB (hours; ~100 GB disk)")
+    ap.add_argument("--work", metavar="DIR", help="work directory (default: a temporary one)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--json-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.out_of_core:
+        args.events, args.shapes = 1_000_000_000, "dense"
 
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvclaims-bench-"))
-    run_dir = work / "run"
-    try:
-        t0 = time.perf_counter()
-        if (run_dir / "manifest.json").exists():
-            n_events = sum(b.num_rows for b in loader.iter_batches([run_dir]))
-        else:
-            n_events = write_trace(run_dir, args.events, args.blocks, args.pool)
-        t_gen = time.perf_counter() - t0
-        rss_gen = peak_rss_mib()
-        marks: dict[str, tuple[float, float]] = {}
-        bar = tqdm(total=len(core.STAGES) + 1, desc="reconstruct", unit="stage")
-
-        def progress(stage: str) -> None:
-            marks[stage] = (time.perf_counter(), cpu_s())
-            bar.update(1)
-            bar.set_postfix_str(stage)
-
-        # NOTE: what `kvclaims reconstruct RUN_DIR` does: a temporary database (here inside
-        # the work directory, so it is removed with it), reconstructed tables not persisted.
-        start = (time.perf_counter(), cpu_s())
-        tables, _info = core.reconstruct_paths(
-            [run_dir], memory_limit=args.memory_limit, temp_directory=work / "spill",
-            threads=args.threads, progress=progress)
-        end = (time.perf_counter(), cpu_s())
-        bar.close()
-        rss_rec = peak_rss_mib()
-
-        def span(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
-            return b[0] - a[0], b[1] - a[1]
-
-        imp = span(start, marks["import"])
-        label = span(marks["import"], marks["04_labels.sql"])
-        every = span(marks["import"], end)
-        e2e = span(start, end)
-        steps, prev = [], marks["import"]
-        for stage in core.STAGES:
-            steps.append((stage, *span(prev, marks[stage])))
-            prev = marks[stage]
-
-        py_n, py_t, py_labels = python_replay(run_dir, args.python_events)
-        py_rate = py_n / py_t
-        last = max(s for s, _b in py_labels) if py_labels else -1
-        sql_labels = {(s, b): lab for s, b, lab in tables.con.execute(
-            "SELECT seq, block_id, label FROM losses WHERE run_id = 'bench' AND seq <= $last",
-            {"last": last}).fetchall()}
-        same = sql_labels == py_labels
-        counts: dict[str, int] = dict(tables.con.sql(
-            "SELECT label, count(*) FROM losses GROUP BY label ORDER BY label").fetchall())
-        tables.con.close()
-
-        def rate(t: tuple[float, float]) -> str:
-            return (f"{n_events / t[0]:>12,.0f} events/s  {t[0]:7.2f} s wall "
-                    f"{t[1]:7.2f} s CPU  {n_events / t[0] / py_rate:6.1f}x python")
-
-        print()
-        print(f"events                 {n_events:>12,}   (generated in {t_gen:.1f} s; "
-              f"DuckDB memory_limit {args.memory_limit}, threads "
-              f"{args.threads or 'all'}, {os.cpu_count()} CPUs)")
-        print(f"import                 {n_events / imp[0]:>12,.0f} events/s  {imp[0]:7.2f} s wall "
-              f"{imp[1]:7.2f} s CPU")
-        print(f"reconstruct: labelling {rate(label)}")
-        print(f"reconstruct: all tables{rate(every)}")
-        print(f"end to end (import+all){rate(e2e)}")
-        print(f"plain-Python replay    {py_rate:>12,.0f} events/s  {py_t:7.2f} s wall "
-              f"(labels only, first {py_n:,} events)")
-        print(f"peak RSS               {rss_rec:>12,.0f} MiB   (after generating: "
-              f"{rss_gen:,.0f} MiB)")
-        print(f"labels check           {'OK' if same else 'MISMATCH'}: "
-              f"{len(py_labels):,} losses in the replayed part, reconstructor "
-              f"{'==' if same else '!='} Python replay")
-        print(f"loss labels (all)      {counts}")
-        print("per stage (wall s / CPU s): " + ", ".join(
-            f"{name.split('_')[0]} {w:.2f}/{c:.2f}" for name, w, c in steps))
-        print()
-        print(SCOPES)
-        if not same:
-            diff = {k: (sql_labels.get(k), py_labels.get(k))
-                    for k in set(sql_labels) | set(py_labels)
-                    if sql_labels.get(k) != py_labels.get(k)}
-            print(f"label mismatches: {len(diff)}, e.g. {sorted(diff.items())[:5]}")
-            return 1
-    finally:
-        if not args.keep:
+    if args.one:
+        work = Path(tempfile.mkdtemp(prefix=f"kvclaims-bench-{args.one}-", dir=args.work))
+        try:
+            res = run_one(args.one, args.events, args.memory_limit, args.python_events, work)
+        finally:
             shutil.rmtree(work, ignore_errors=True)
-    return 0
+        Path(args.json_out).write_text(json.dumps(res))
+        return 0
+
+    results = []
+    for shape in args.shapes.split(","):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            cmd = [sys.executable, __file__, "--one", shape, "--events", str(args.events),
+                   "--memory-limit", args.memory_limit, "--python-events",
+                   str(args.python_events), "--json-out", out.name]
+            if args.work:
+                cmd += ["--work", args.work]
+            if subprocess.run(cmd, check=False).returncode != 0:
+                print(f"{shape}: failed", file=sys.stderr)
+                return 1
+            results.append(json.loads(Path(out.name).read_text()))
+    print(f"\n{os.cpu_count()} CPUs, DuckDB memory_limit {args.memory_limit}\n")
+    for r in results:
+        print("\n".join(fmt(r)))
+        print()
+    return 0 if all(r["n_mismatches"] == 0 for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 
 =====================  ======================================================================
 ``01_runs.sql``        per-run facts: policy, usable blocks, first hole (gap, seq hole, truncation)
-``02_blocks.sql``      block content timeline (copies of each hash) and every block loss,
-                       computed by ``reconstruct/blocks.py`` (NumPy, streamed in windows)
-``03_claims.sql``      claim lifecycle, bindings, residency of bound content, predicate intervals
-``04_labels.sql``      ``loss_claims`` (one row per loss x bound claim) and ``losses``
-``05_outcomes.sql``    ``claims``, ``requests``, ``feasibility``
+``02_claims.sql``      claim instances (``claim_seq``) and their lifecycle facts
+``03_pass.sql``        the labelling pass: one ordered, compiled pass per run
+                       (``reconstruct/labels.py``): losses, labels, predicates, pool snapshots
+``04_labels.sql``      ``losses`` and ``loss_claims`` (one row per loss x bound claim instance)
+``05_feasibility.sql`` ``feasibility``, rebuilt from the pass's pool snapshots
+``05_outcomes.sql``    ``claims``, ``requests``
 ``06_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
 =====================  ======================================================================
 
@@ -17,7 +18,7 @@ The semantics are in docs/design.md; the exact rules are in docs/reconstruction.
 
 NOTE: every stage orders by ``seq`` within a run and joins on ``run_id``: runs never mix.
 NOTE: memory is bounded by DuckDB's ``memory_limit`` (it spills to ``temp_directory``) plus
-one window of block events in stage 02 (``blocks.WINDOW_SEQS``); the SQL stages only run
+one window of events in stage 03 (``labels.WINDOW_ROWS``); the SQL stages only run
 window functions over the (small) set of claim-bound content and claims.
 """
 
@@ -38,14 +39,15 @@ import pyarrow as pa
 
 from recorder.policies import PINNING_MODES, POLICIES
 from recorder.schema import InputError
-from reconstruct import blocks
+from reconstruct import labels
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
     "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
 
 STAGES: Final[tuple[str, ...]] = (
-    "01_runs.sql", "02_blocks.sql", "03_claims.sql", "04_labels.sql", "05_outcomes.sql",
+    "01_runs.sql", "02_claims.sql", "03_pass.sql", "04_labels.sql", "05_feasibility.sql",
+    "05_outcomes.sql",
     "06_findings.sql", "07_conformance.sql")
 
 # Policy names written by the paper's prototype (imported traces keep them) that enforce claims.
@@ -267,8 +269,8 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
         con.unregister(name)
     for stage in STAGES:
         sql = stage_sql(stage)
-        if stage == "02_blocks.sql":
-            blocks.build(con)  # the block timeline (NumPy, streamed): see reconstruct/blocks.py
+        if stage == "03_pass.sql":
+            labels.build(con)  # the labelling pass (numba, streamed): see reconstruct/labels.py
         for stmt in split_statements(sql):
             if not persist:
                 stmt = stmt.replace("CREATE OR REPLACE TABLE ", "CREATE OR REPLACE TEMP TABLE ", 1)

@@ -1,9 +1,10 @@
 """Canonical trace shapes in our vocabulary, for fixtures, docs and benchmarks.
 
-The paper's capacity probe (DESIGN §5, prior-art §1): a resident prompt of ``resident`` blocks
-(optionally declaring a claim over all of them), then an active prompt of ``active`` blocks in a
-pool of ``usable`` blocks. Under pressure vLLM evicts the finished resident chain tail first, so
-positions ``resident - lost .. resident - 1`` are lost and the leading ones survive.
+The paper's capacity probe (docs/design.md, "Conformance"; prior-art §1): a resident prompt of
+``resident`` blocks (optionally declaring a claim over all of them), then an active prompt of
+``active`` blocks in a pool of ``usable`` blocks. Under pressure vLLM evicts the finished
+resident chain tail first, so positions ``resident - lost .. resident - 1`` are lost and the
+leading ones survive.
 
 ``python -m reconstruct.shapes OUT_DIR`` writes every shape as ``OUT_DIR/<name>.jsonl`` (the
 files in ``tests/fixtures/`` are made this way; a test checks they are up to date).
@@ -30,6 +31,8 @@ class TraceBuilder:
         self.run_id = run_id
         self.events: list[dict[str, Any]] = []
         self.ts = 1_000_000
+        # the scheduler step stamped on every event from now on (None: a stepless trace)
+        self.step: int | None = None
         if start:
             self.emit("run_started", runtime="vllm", runtime_version="0.32.0",
                       model="tiny-llama", block_size=block_size, num_blocks=usable + 1,
@@ -42,6 +45,8 @@ class TraceBuilder:
         self.ts += 1000
         ev = {"run_id": self.run_id, "seq": seq, "ts_ns": self.ts, "event": event,
               **{k: v for k, v in fields.items() if v is not None}}
+        if self.step is not None:
+            ev["step"] = self.step
         check_event(ev)
         self.events.append(ev)
         return seq
@@ -175,7 +180,7 @@ def l6_position_zero(run_id: str = "l6-position-zero", *, blocks: int = 60,
     b.emit("request_arrived", request_id="again", tenant="tenant-a",
            num_prompt_tokens=blocks * 16, claim_id=CLAIM)
     b.emit("claim_submitted", claim_id=CLAIM, tenant="tenant-a", request_id="again",
-           protection_mode="best_effort", threshold_blocks=blocks, value=1.0)
+           protection_mode="hard_protected", threshold_blocks=blocks, value=1.0)
     b.emit("claim_accepted", claim_id=CLAIM)
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id=CLAIM, block_hash=h, position=i)
@@ -188,7 +193,7 @@ def l6_position_zero(run_id: str = "l6-position-zero", *, blocks: int = 60,
 # -- small shapes: one behaviour each ---------------------------------------------------------
 
 def _cache(b: TraceBuilder, request: str, n: int, first_block: int = 1,
-           claim: str | None = None, mode: str = "best_effort",
+           claim: str | None = None, mode: str = "hard_protected",
            threshold: int | None = None) -> list[int]:
     """A request caches n blocks (block ids first_block..); optionally declares a claim."""
     hashes = [block_hash(request, i) for i in range(n)]
@@ -305,7 +310,7 @@ def shape_never_materialized() -> list[dict[str, Any]]:
     b = TraceBuilder("never-materialized", usable=8)
     hashes = [block_hash("r", i) for i in range(2)]
     b.emit("claim_submitted", claim_id="claim:a", tenant="tenant-a", request_id="r",
-           protection_mode="best_effort", threshold_blocks=2)
+           protection_mode="hard_protected", threshold_blocks=2)
     b.emit("claim_accepted", claim_id="claim:a")
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id="claim:a", block_hash=h, position=i)
@@ -365,6 +370,129 @@ def shape_preempted() -> list[dict[str, Any]]:
     return b.finish()
 
 
+# -- one rule each, with its negative twin (docs/reconstruction.md, "Labels") -----------------
+
+def shape_reuse(end: str, again: bool = True) -> list[dict[str, Any]]:
+    """claim:a ends (``end``: released | expired | demoted | rejected), then, with ``again``,
+    the same id is declared again over the same content and block 2 is lost: the loss harms
+    the second instance (the first one's row is relaxation/expiry)."""
+    b = TraceBuilder(f"reuse-{end}" + ("" if again else "-once"), usable=8)
+    hashes = [block_hash("r", i) for i in range(2)]
+    b.emit("request_arrived", request_id="r", tenant="tenant-a", num_prompt_tokens=32,
+           claim_id="claim:a")
+    b.emit("claim_submitted", claim_id="claim:a", tenant="tenant-a", request_id="r",
+           protection_mode="hard_protected", threshold_blocks=2, value=1.0)
+    if end == "rejected":
+        b.emit("claim_rejected", claim_id="claim:a", reason="over the tenant's limit",
+               request_id="r")
+    else:
+        b.emit("claim_accepted", claim_id="claim:a")
+        for i, h in enumerate(hashes):
+            b.emit("claim_bound", claim_id="claim:a", block_hash=h, position=i)
+    b.emit("request_admitted", request_id="r", blocks_required=2, free_blocks=8,
+           protected_blocks=0, usable_blocks=8)
+    for i, h in enumerate(hashes):
+        b.emit("block_allocated", block_id=i + 1, request_id="r")
+        b.emit("block_cached", block_id=i + 1, block_hash=h, position=i, request_id="r")
+    b.emit("request_finished", request_id="r", finish_reason="stop", num_cached_tokens=0,
+           num_output_tokens=1)
+    for i in (2, 1):
+        b.emit("block_freed", block_id=i, request_id="r")
+    if end == "released":
+        b.emit("claim_released", claim_id="claim:a", reason="client released",
+               released_by="tenant", request_id="r", tenant="tenant-a")
+    elif end == "expired":
+        b.emit("claim_expired", claim_id="claim:a", reason="ttl_s elapsed")
+    elif end == "demoted":
+        b.emit("claim_demoted", claim_id="claim:a", reason="conflict", by_request_id="x")
+    if again:
+        b.emit("claim_submitted", claim_id="claim:a", tenant="tenant-a", request_id="r2",
+               protection_mode="hard_protected", threshold_blocks=2, value=1.0)
+        b.emit("claim_accepted", claim_id="claim:a")
+        for i, h in enumerate(hashes):
+            b.emit("claim_bound", claim_id="claim:a", block_hash=h, position=i)
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
+    return b.finish()
+
+
+def shape_step_repair(repaired: bool, stepped: bool = True) -> list[dict[str, Any]]:
+    """A claimed block is evicted in step 2 and its content cached again into another block:
+    in the same step (``repaired``: the predicate holds at the step's end: eviction) or in the
+    next step (harm). Without steps (``stepped=False``) each event is judged: harm."""
+    name = "step-repaired" if repaired else "step-not-repaired"
+    b = TraceBuilder(name if stepped else name + "-stepless", usable=8)
+    b.step = 1 if stepped else None
+    hashes = _cache(b, "r", 3, claim="claim:a")
+    for i in (3, 2, 1):
+        b.emit("block_freed", block_id=i, request_id="r")
+    b.step = 2 if stepped else None
+    b.emit("request_arrived", request_id="probe", tenant="tenant-a", num_prompt_tokens=48)
+    b.emit("request_admitted", request_id="probe", blocks_required=1, free_blocks=5,
+           protected_blocks=0, usable_blocks=8)
+    b.emit("block_hit", block_id=1, block_hash=hashes[0], position=0, request_id="probe")
+    b.emit("block_hit", block_id=2, block_hash=hashes[1], position=1, request_id="probe")
+    b.emit("block_evicted", block_id=3, block_hash=hashes[2], cause="allocation",
+           by_request_id="probe")
+    b.emit("block_allocated", block_id=3, request_id="probe")
+    if not repaired and stepped:
+        b.step = 3
+    b.emit("block_cached", block_id=3, block_hash=hashes[2], position=2, request_id="probe")
+    b.step = (4 if not repaired else 3) if stepped else None
+    b.emit("request_finished", request_id="probe", finish_reason="length",
+           num_cached_tokens=32, num_output_tokens=1)
+    b.step = None
+    return b.finish()
+
+
+def shape_mode_loss(mode: str) -> list[dict[str, Any]]:
+    """An accepted, materialized claim in ``mode`` loses position 1 under native."""
+    b = TraceBuilder(f"mode-{mode}", usable=8)
+    hashes = _cache(b, "r", 2, claim="claim:a", mode=mode)
+    for i in (2, 1):
+        b.emit("block_freed", block_id=i, request_id="r")
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
+    return b.finish()
+
+
+def shape_soft_loss(lower_evictable: bool) -> list[dict[str, Any]]:
+    """A soft_priority claim loses a block while an unclaimed block is (``lower_evictable``:
+    harm, the eviction order was broken) or is not (still held by its request: eviction)
+    evictable."""
+    b = TraceBuilder("soft-lower-evictable" if lower_evictable else "soft-no-lower", usable=8)
+    hashes = _cache(b, "r", 2, claim="claim:a", mode="soft_priority")
+    for i in (2, 1):
+        b.emit("block_freed", block_id=i, request_id="r")
+    b.emit("request_arrived", request_id="u", tenant="tenant-b", num_prompt_tokens=16)
+    b.emit("request_admitted", request_id="u", blocks_required=1, free_blocks=6,
+           protected_blocks=0, usable_blocks=8)
+    b.emit("block_allocated", block_id=3, request_id="u")
+    b.emit("block_cached", block_id=3, block_hash=block_hash("u", 0), position=0,
+           request_id="u")
+    if lower_evictable:
+        b.emit("request_finished", request_id="u", finish_reason="stop", num_cached_tokens=0,
+               num_output_tokens=1)
+        b.emit("block_freed", block_id=3, request_id="u")
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
+    return b.finish()
+
+
+def shape_hook_failed(before_loss: bool) -> list[dict[str, Any]]:
+    """A hook fails inside the engine before (the loss is unknown: enforcement cannot be
+    trusted) or after (the loss stays harm) a loss of an in-force hard claim."""
+    b = TraceBuilder("hook-failed-before" if before_loss else "hook-failed-after", usable=8)
+    hashes = _cache(b, "r", 2, claim="claim:a")
+    if before_loss:
+        b.emit("hook_failed", hook="schedule", error_type="RuntimeError")
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
+    if not before_loss:
+        b.emit("hook_failed", hook="schedule", error_type="RuntimeError")
+    return b.finish()
+
+
 SHAPES: Final[dict[str, Callable[[], list[dict[str, Any]]]]] = {
     "native_60_70_80": lambda: capacity_probe("native-60-70-80"),
     "write_no_admit_60_70_80": lambda: capacity_probe(
@@ -391,6 +519,21 @@ SHAPES: Final[dict[str, Callable[[], list[dict[str, Any]]]]] = {
     "threshold": shape_threshold,
     "released": shape_released,
     "requests": shape_preempted,
+    "unenforced_60_70_130": lambda: capacity_probe(
+        "unenforced-60-70-130", claim_mode="hard_protected", usable=130),
+    **{f"reuse_{end}": (lambda end=end: shape_reuse(end))
+       for end in ("released", "expired", "demoted", "rejected")},
+    **{f"reuse_{end}_once": (lambda end=end: shape_reuse(end, again=False))
+       for end in ("released", "expired", "demoted", "rejected")},
+    "step_repaired": lambda: shape_step_repair(True),
+    "step_not_repaired": lambda: shape_step_repair(False),
+    "step_repaired_stepless": lambda: shape_step_repair(True, stepped=False),
+    "mode_best_effort": lambda: shape_mode_loss("best_effort"),
+    "mode_hard_protected": lambda: shape_mode_loss("hard_protected"),
+    "soft_lower_evictable": lambda: shape_soft_loss(True),
+    "soft_no_lower": lambda: shape_soft_loss(False),
+    "hook_failed_before": lambda: shape_hook_failed(True),
+    "hook_failed_after": lambda: shape_hook_failed(False),
 }
 
 

@@ -115,7 +115,7 @@ def test_loss_claims_carry_claim_facts_and_predicate() -> None:
     t = recon("multi_claim")
     r = rows(t, "SELECT tenant, protection_mode, predicate_before, predicate_after, "
                 "breaks_predicate FROM loss_claims WHERE claim_id='claim:a'")
-    assert r == [("tenant-a", "best_effort", True, False, True)]
+    assert r == [("tenant-a", "hard_protected", True, False, True)]
 
 
 def test_evicted_hash_is_resolved_from_last_block_cached() -> None:

@@ -1,5 +1,7 @@
-"""Property tests: the SQL reconstructor agrees with a small, independent plain-Python labeler
-on random event sequences (cache/evict/reset, claim lifecycle, rebinding, gaps)."""
+"""Property tests: the labelling core (reconstruct/labels.py) agrees with a small, independent
+plain-Python labeler on random traces: cache/hit/evict/reset with several copies of a hash,
+request references, claim-id reuse (each submit a new instance), every protection mode,
+scheduler steps, gaps and hook failures (docs/reconstruction.md, "Labels")."""
 
 from __future__ import annotations
 
@@ -11,105 +13,153 @@ from hypothesis import strategies as st
 
 from reconstruct import core, loader
 from reconstruct.jsonl import events_to_table
+from recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
 
-SEV = {"harm": 5, "unknown": 4, "expiry": 3, "relaxation": 2, "eviction": 1}
 CLAIMS = ("c1", "c2")
 HASHES = (11, 12, 13)
 BLOCKS = (1, 2, 3, 4)
+MODES = ("best_effort", "soft_priority", "hard_protected", "demotable")
+RELEASES = ("claim_demoted", "claim_expired", "claim_released")
 
 
-def reference_labels(events: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
-    """(seq, block_id) -> block label, computed event by event (DESIGN §4)."""
-    content: dict[int, int] = {}            # block -> hash it holds
-    last_block_ev: dict[int, tuple[str, int | None]] = {}
-    copies: dict[int, int] = {}
-    claims: dict[str, dict[str, Any]] = {}
+def instances(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """claim_seq -> the instance's whole-trace facts; sets e["claim_seq"] on claim events."""
+    latest: dict[str, int] = {}
+    out: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if not e["event"].startswith("claim_") or e.get("claim_id") is None:
+            continue
+        cid = e["claim_id"]
+        if e["event"] == "claim_submitted" or cid not in latest:
+            latest[cid] = e["seq"]
+            out[e["seq"]] = {"id": cid, "submitted": False, "mode": "hard_protected",
+                             "threshold": None, "maxpos": -1, "accepted": None,
+                             "release": None}
+        c = out[latest[cid]]
+        e["claim_seq"] = latest[cid]
+        ev = e["event"]
+        if ev == "claim_submitted":
+            c.update(submitted=True, mode=e.get("protection_mode") or "hard_protected",
+                     threshold=e.get("threshold_blocks"))
+        elif ev == "claim_accepted" and c["accepted"] is None:
+            c["accepted"] = e["seq"]
+        elif ev in RELEASES and c["release"] is None:
+            c["release"] = (e["seq"], ev)
+        elif ev == "claim_bound":
+            c["maxpos"] = max(c["maxpos"], e["position"])
+    for c in out.values():
+        c["k"] = c["threshold"] if c["threshold"] is not None else c["maxpos"] + 1
+    return out
+
+
+def reference(events: list[dict[str, Any]]) -> tuple[dict, dict]:
+    """((seq, block) -> loss label, (seq, block, claim_seq) -> pair label), event by event."""
+    inst = instances(events)
+    content: dict[int, int] = {}          # block -> hash held
+    refs: dict[int, int] = {}             # block -> request references
+    last: dict[int, tuple[str, int | None]] = {}
+    binds: dict[int, dict[int, int]] = {cs: {} for cs in inst}   # claim_seq -> pos -> hash
+    mat: dict[int, int] = {}
     unknown_from = min([min(e["seq"], e.get("first_seq", e["seq"]))
                         for e in events if e["event"] == "recorder_gap"], default=None)
-    out: dict[tuple[int, int], str] = {}
-    # NOTE: a claim submitted only after a loss cannot have been in force at it (acceptance
-    # follows submission): that loss is an eviction. Only a claim never submitted anywhere in
-    # the run has a state that cannot be established (unknown).
-    submitted_ever = {e["claim_id"] for e in events if e["event"] == "claim_submitted"}
+    hook: int | None = None
+    pending: list[tuple[int, int, int | None, dict[int, bool]]] = []
+    losses: dict[tuple[int, int], str] = {}
+    pairs: dict[tuple[int, int, int], str] = {}
 
-    def claim(cid: str) -> dict[str, Any]:
-        return claims.setdefault(cid, {"submitted": None, "accepted": None, "release": None,
-                                       "k": None, "bind": {}, "mat": None, "maxpos": -1})
+    def copies(h: int) -> int:
+        return sum(1 for x in content.values() if x == h)
 
-    def pred(c: dict[str, Any]) -> bool:
-        k = c["k"] if c["k"] is not None else c["maxpos"] + 1
-        if k < 1:
-            return False
-        return all(p in c["bind"] and copies.get(c["bind"][p][0], 0) > 0 for p in range(k))
+    def pred(cs: int) -> bool:
+        k = inst[cs]["k"]
+        return k >= 1 and all(p in binds[cs] and copies(binds[cs][p]) > 0 for p in range(k))
 
-    def lose(block: int) -> None:
-        h = content.pop(block)
-        copies[h] -= 1
+    def in_force(cs: int, now: int) -> bool:
+        c = inst[cs]
+        return (c["accepted"] is not None and c["accepted"] <= now
+                and (c["release"] is None or c["release"][0] > now)
+                and not (c["release"] is not None and c["release"][0] < c["accepted"]))
 
-    for e in events:
+    def lower_priority_evictable(now: int) -> bool:
+        covered = {h for cs, b in binds.items() if in_force(cs, now)
+                   and inst[cs]["mode"] != "best_effort"
+                   for p, h in b.items() if p < inst[cs]["k"]}
+        return any(refs.get(b, 0) == 0 and h not in covered for b, h in content.items())
+
+    def lose(seq: int, block: int, h: int | None, low: bool) -> None:
+        bound = {} if h is None else {cs: low for cs, b in binds.items() if h in b.values()}
+        pending.append((seq, block, h, bound))
+
+    def judge(now: int) -> None:
+        for seq, block, h, bound in pending:
+            labs = []
+            for cs, low in bound.items():
+                c = inst[cs]
+                if unknown_from is not None and seq >= unknown_from:
+                    lab = "unknown"
+                elif not c["submitted"]:
+                    lab = "unknown"
+                elif c["accepted"] is None or c["accepted"] > seq:
+                    lab = "eviction"
+                elif c["release"] is not None and c["release"][0] < seq:
+                    lab = "expiry" if c["release"][1] == "claim_expired" else "relaxation"
+                elif c["mode"] == "best_effort":
+                    lab = "eviction"
+                elif hook is not None and hook < seq:
+                    lab = "unknown"
+                elif cs not in mat or mat[cs] >= seq or pred(cs):
+                    lab = "eviction"
+                elif c["mode"] == "soft_priority" and not low:
+                    lab = "eviction"
+                else:
+                    assert c["mode"] in RESIDENCY_MODES
+                    lab = "harm"
+                pairs[(seq, block, cs)] = lab
+                labs.append(lab)
+            if (unknown_from is not None and seq >= unknown_from) or h is None:
+                losses[(seq, block)] = "unknown"
+            else:
+                losses[(seq, block)] = max(labs, key=LABEL_SEVERITY.__getitem__,
+                                           default="eviction")
+        pending.clear()
+        for cs in inst:
+            if cs not in mat and pred(cs) and in_force(cs, now):
+                mat[cs] = now
+
+    for i, e in enumerate(events):
         seq, ev = e["seq"], e["event"]
-        losses: list[tuple[int, int | None]] = []
         if ev in ("block_cached", "block_hit"):
             b, h = e["block_id"], e["block_hash"]
-            if content.get(b) != h:
-                if b in content:
-                    lose(b)
-                content[b] = h
-                copies[h] = copies.get(h, 0) + 1
-            last_block_ev[b] = (ev, h)
+            if ev == "block_hit":
+                refs[b] = refs.get(b, 0) + 1
+            content[b] = h
+            last[b] = (ev, h)
+        elif ev == "block_allocated":
+            refs[e["block_id"]] = refs.get(e["block_id"], 0) + 1
+        elif ev == "block_freed":
+            refs[e["block_id"]] = max(0, refs.get(e["block_id"], 0) - 1)
         elif ev == "block_evicted":
             b = e["block_id"]
-            prev = last_block_ev.get(b)
             h = e.get("block_hash")
-            if h is None and prev is not None and prev[0] != "block_evicted":
-                h = prev[1]
-            if b in content:
-                lose(b)
-            last_block_ev[b] = (ev, None)
-            losses.append((b, h))
+            if h is None and last.get(b, ("", None))[0] in ("block_cached", "block_hit"):
+                h = last[b][1]
+            lose(seq, b, h, lower_priority_evictable(seq))
+            content.pop(b, None)
+            last[b] = (ev, None)
         elif ev == "cache_reset":
             for b in sorted(content):
-                losses.append((b, content[b]))
-                lose(b)
-        elif ev.startswith("claim_"):
-            c = claim(e["claim_id"])
-            if ev == "claim_submitted" and c["submitted"] is None:
-                c["submitted"], c["k"] = seq, e.get("threshold_blocks")
-            elif ev == "claim_accepted" and c["accepted"] is None:
-                c["accepted"] = seq
-            elif ev in ("claim_demoted", "claim_expired", "claim_released") and not c["release"]:
-                c["release"] = (seq, ev)
-            elif ev == "claim_bound":
-                c["bind"][e["position"]] = (e["block_hash"], seq)
-                c["maxpos"] = max(c["maxpos"], e["position"])
-        # materialization: first seq the predicate holds while in force
-        for c in claims.values():
-            in_force = (c["accepted"] is not None and c["accepted"] <= seq
-                        and (c["release"] is None or seq < c["release"][0]))
-            if c["mat"] is None and in_force and pred(c):
-                c["mat"] = seq
-        for b, h in losses:
-            labs = []
-            for cid, c in claims.items():
-                if h is None or not any(bh == h and bs < seq for bh, bs in c["bind"].values()):
-                    continue
-                if unknown_from is not None and seq >= unknown_from:
-                    labs.append("unknown")
-                elif cid not in submitted_ever:
-                    labs.append("unknown")
-                elif c["accepted"] is None or c["accepted"] > seq:
-                    labs.append("eviction")
-                elif c["release"] and c["release"][0] < seq:
-                    labs.append("expiry" if c["release"][1] == "claim_expired" else "relaxation")
-                elif c["mat"] is not None and c["mat"] < seq and not pred(c):
-                    labs.append("harm")
-                else:
-                    labs.append("eviction")
-            if (unknown_from is not None and seq >= unknown_from) or h is None:
-                out[(seq, b)] = "unknown"
-            else:
-                out[(seq, b)] = max(labs, key=SEV.__getitem__) if labs else "eviction"
-    return out
+                # NOTE: a reset drops every block at once: no eviction order is broken
+                lose(seq, b, content[b], False)
+            content.clear()
+        elif ev == "claim_bound":
+            binds[e["claim_seq"]][e["position"]] = e["block_hash"]
+        elif ev == "hook_failed" and hook is None:
+            hook = seq
+        # judged after a stepless event, or at the end of a scheduler step
+        nxt = events[i + 1] if i + 1 < len(events) else None
+        if e.get("step") is None or nxt is None or nxt.get("step") != e["step"]:
+            judge(seq)
+    return losses, pairs
 
 
 # -- random traces -----------------------------------------------------------------------------
@@ -119,46 +169,81 @@ block_op = st.one_of(
     st.tuples(st.just("block_hit"), st.sampled_from(BLOCKS), st.sampled_from(HASHES)),
     st.tuples(st.just("block_evicted"), st.sampled_from(BLOCKS),
               st.one_of(st.none(), st.sampled_from(HASHES))),
+    st.tuples(st.sampled_from(["block_allocated", "block_freed"]), st.sampled_from(BLOCKS)),
     st.tuples(st.just("cache_reset")),
 )
 claim_op = st.one_of(
     st.tuples(st.just("claim_submitted"), st.sampled_from(CLAIMS),
-              st.one_of(st.none(), st.integers(1, 3))),
-    st.tuples(st.sampled_from(["claim_accepted", "claim_rejected", "claim_demoted",
-                               "claim_expired", "claim_released"]), st.sampled_from(CLAIMS)),
+              st.one_of(st.none(), st.integers(1, 3)), st.sampled_from(MODES)),
+    st.tuples(st.sampled_from(["claim_accepted", "claim_rejected", *RELEASES]),
+              st.sampled_from(CLAIMS)),
     st.tuples(st.just("claim_bound"), st.sampled_from(CLAIMS), st.sampled_from(HASHES),
               st.integers(0, 2)),
 )
-gap_op = st.tuples(st.just("recorder_gap"))
-ops = st.lists(st.one_of(block_op, block_op, claim_op, gap_op.filter(lambda _: True)),
-               min_size=1, max_size=40)
+# composite ops make the interesting cases common: a claim covering two cached hashes at once,
+# and a block lost and cached again with the same content (in one step when the trace has steps)
+compound_op = st.one_of(
+    st.tuples(st.just("claim_all"), st.sampled_from(CLAIMS), st.sampled_from(MODES)),
+    st.tuples(st.just("churn"), st.sampled_from(BLOCKS), st.sampled_from(HASHES[:2])),
+)
+rare_op = st.sampled_from([("recorder_gap",), ("hook_failed",)])
+step_op = st.just(("next_step",))
+random_ops = st.lists(st.one_of(block_op, block_op, claim_op, claim_op, compound_op,
+                                compound_op, step_op, step_op, rare_op),
+                      min_size=1, max_size=40)
+# half the programs start with a materialized claim (the cases where labels differ most)
+materialized = st.sampled_from(MODES).map(lambda mode: [
+    ("claim_all", "c1", mode), ("block_cached", 1, HASHES[0]), ("block_cached", 2, HASHES[1]),
+    ("next_step",)])
+ops = st.tuples(st.one_of(st.just([]), materialized), random_ops).map(lambda t: t[0] + t[1])
 
 
-def build(run_id: str, program: list[tuple]) -> list[dict[str, Any]]:
+def _expand(op: tuple) -> list[tuple]:
+    """Composite ops as plain ones."""
+    if op[0] == "claim_all":
+        return [("claim_submitted", op[1], 2, op[2]), ("claim_accepted", op[1]),
+                ("claim_bound", op[1], HASHES[0], 0), ("claim_bound", op[1], HASHES[1], 1)]
+    if op[0] == "churn":
+        return [("block_evicted", op[1], op[2]), ("block_cached", op[1], op[2])]
+    return [op]
+
+
+def build(run_id: str, program: list[tuple], stepped: bool) -> list[dict[str, Any]]:
+    """A trace of ``program``; with ``stepped`` every event carries its scheduler step."""
     events: list[dict[str, Any]] = [{"event": "run_started", "policy": "native"}]
+    step = 0
+    program = [part for op in program for part in _expand(op)]
     for op in program:
         name = op[0]
+        ev: dict[str, Any]
+        if name == "next_step":
+            step += 1
+            continue
         if name in ("block_cached", "block_hit"):
-            events.append({"event": name, "block_id": op[1], "block_hash": op[2], "position": 0})
+            ev = {"event": name, "block_id": op[1], "block_hash": op[2], "position": 0}
         elif name == "block_evicted":
             ev = {"event": name, "block_id": op[1], "cause": "allocation"}
             if op[2] is not None:
                 ev["block_hash"] = op[2]
-            events.append(ev)
+        elif name in ("block_allocated", "block_freed"):
+            ev = {"event": name, "block_id": op[1], "request_id": "r"}
         elif name == "cache_reset":
-            events.append({"event": name})
+            ev = {"event": name}
         elif name == "claim_submitted":
-            ev = {"event": name, "claim_id": op[1], "protection_mode": "best_effort"}
+            ev = {"event": name, "claim_id": op[1], "protection_mode": op[3]}
             if op[2] is not None:
                 ev["threshold_blocks"] = op[2]
-            events.append(ev)
         elif name == "claim_bound":
-            events.append({"event": name, "claim_id": op[1], "block_hash": op[2],
-                           "position": op[3]})
+            ev = {"event": name, "claim_id": op[1], "block_hash": op[2], "position": op[3]}
         elif name == "recorder_gap":
-            events.append({"event": name, "events_dropped": 0})
+            ev = {"event": name, "events_dropped": 0}
+        elif name == "hook_failed":
+            ev = {"event": name, "hook": "schedule", "error_type": "RuntimeError"}
         else:
-            events.append({"event": name, "claim_id": op[1]})
+            ev = {"event": name, "claim_id": op[1]}
+        if stepped:
+            ev["step"] = step
+        events.append(ev)
     out = []
     for i, ev in enumerate(events):
         ev = {"run_id": run_id, "seq": i, "ts_ns": 1000 * (i + 1), **ev}
@@ -168,17 +253,27 @@ def build(run_id: str, program: list[tuple]) -> list[dict[str, Any]]:
     return out
 
 
-def sql_labels(events: list[dict[str, Any]]) -> dict[tuple[str, int, int], str]:
+def core_labels(events: list[dict[str, Any]]) -> tuple[dict, dict]:
     batches = [loader.decode_batch(b) for b in events_to_table(events).to_batches()]
     t = core.reconstruct(pa.Table.from_batches(batches, schema=loader.EVENTS_SCHEMA))
-    return {(r, s, b): lab for r, s, b, lab in
-            t.con.sql("SELECT run_id, seq, block_id, label FROM losses").fetchall()}
+    losses = {(r, s, b): lab for r, s, b, lab in
+              t.con.sql("SELECT run_id, seq, block_id, label FROM losses").fetchall()}
+    pairs = {(r, s, b, c): lab for r, s, b, c, lab in t.con.sql(
+        "SELECT run_id, seq, block_id, claim_seq, label FROM loss_claims").fetchall()}
+    return losses, pairs
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops, ops)
-def test_sql_labels_equal_reference_labels(prog_a: list[tuple], prog_b: list[tuple]) -> None:
-    ev_a, ev_b = build("a", prog_a), build("b", prog_b)
-    expected = {("a", s, b): lab for (s, b), lab in reference_labels(ev_a).items()}
-    expected |= {("b", s, b): lab for (s, b), lab in reference_labels(ev_b).items()}
-    assert sql_labels(ev_a + ev_b) == expected
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops, ops, st.booleans())
+def test_core_labels_equal_reference_labels(prog_a: list[tuple], prog_b: list[tuple],
+                                            stepped: bool) -> None:
+    ev_a, ev_b = build("a", prog_a, stepped), build("b", prog_b, not stepped)
+    want_losses: dict = {}
+    want_pairs: dict = {}
+    for rid, evs in (("a", ev_a), ("b", ev_b)):
+        losses, pairs = reference([dict(e) for e in evs])
+        want_losses |= {(rid, *key): lab for key, lab in losses.items()}
+        want_pairs |= {(rid, *key): lab for key, lab in pairs.items()}
+    got_losses, got_pairs = core_labels(ev_a + ev_b)
+    assert got_losses == want_losses
+    assert got_pairs == want_pairs

@@ -1,6 +1,7 @@
 """Bounded memory: a trace whose reconstruction needs more memory than DuckDB's memory_limit is
-reconstructed out of core (spilling to temp_directory), in many small block windows, and gives
-exactly the tables of an unconstrained in-memory reconstruction."""
+reconstructed out of core (spilling to temp_directory), in many small windows of the labelling
+pass (state carried across them), and gives exactly the tables of an unconstrained in-memory
+reconstruction."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconstruct import blocks, core, loader, synthetic
+from reconstruct import core, labels, loader, synthetic
 
 MEMORY_LIMIT = "64MB"
 
@@ -33,7 +34,7 @@ def test_small_memory_limit_and_windows_equal_in_memory(run_dir: Path, tmp_path:
     held = ref.con.sql("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
     assert held > 64 * 2**20, "the trace must not fit in the memory limit tested"
 
-    monkeypatch.setattr(blocks, "WINDOW_SEQS", 50_000)   # ~20 windows: carried block state
+    monkeypatch.setattr(labels, "WINDOW_ROWS", 50_000)   # ~20 windows: carried pass state
     small, info = core.reconstruct_paths([run_dir], memory_limit=MEMORY_LIMIT,
                                          temp_directory=tmp_path / "spill", threads=1)
     spilled = small.con.sql(

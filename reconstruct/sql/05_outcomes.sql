@@ -1,8 +1,8 @@
--- Stage 5: final outcome per claim, outcome per request, feasibility per admission decision.
+-- Stage 5: final outcome per claim, outcome per request.
 
 CREATE OR REPLACE TABLE claims AS
 WITH lost AS (
-    SELECT run_id, claim_id,
+    SELECT run_id, claim_seq,
            count(*) FILTER (WHERE label = 'harm') AS blocks_lost_harm,
            count(*) FILTER (WHERE label = 'expiry') AS blocks_lost_expiry,
            count(*) FILTER (WHERE label = 'relaxation') AS blocks_lost_relaxation,
@@ -12,10 +12,10 @@ WITH lost AS (
            arg_min(ts_ns, seq) FILTER (WHERE label = 'harm') AS first_harm_ts_ns,
            arg_min(by_request_id, seq) FILTER (WHERE label = 'harm') AS first_harm_by_request_id
     FROM loss_claims
-    GROUP BY run_id, claim_id
+    GROUP BY run_id, claim_seq
 ), o AS (
     SELECT
-        f.run_id, f.claim_id, f.tenant, f.request_id, f.protection_mode,
+        f.run_id, f.claim_id, f.claim_seq, f.tenant, f.request_id, f.protection_mode,
         f.k AS threshold_blocks, f.ttl_s, f.value, f.positions_bound,
         f.submitted_seq, f.accepted_seq, f.rejected_seq, f.reject_reason,
         m.materialized_seq, f.reported_materialized_seq,
@@ -44,11 +44,11 @@ WITH lost AS (
         END AS outcome
     FROM kv_claim_facts f
     JOIN kv_runs r ON r.run_id = f.run_id
-    LEFT JOIN kv_materialized m ON m.run_id = f.run_id AND m.claim_id = f.claim_id
-    LEFT JOIN lost l ON l.run_id = f.run_id AND l.claim_id = f.claim_id
+    LEFT JOIN kv_materialized m ON m.run_id = f.run_id AND m.claim_seq = f.claim_seq
+    LEFT JOIN lost l ON l.run_id = f.run_id AND l.claim_seq = f.claim_seq
 )
 SELECT
-    run_id, claim_id, outcome, tenant, request_id, protection_mode, threshold_blocks, ttl_s,
+    run_id, claim_id, claim_seq, outcome, tenant, request_id, protection_mode, threshold_blocks, ttl_s,
     value,
     -- NOTE: value is all-or-nothing: a harmed claim loses all of it
     CASE outcome WHEN 'harmed' THEN value WHEN 'unknown' THEN NULL ELSE 0.0 END AS value_lost,
@@ -58,7 +58,7 @@ SELECT
     submitted_seq, accepted_seq, rejected_seq, reject_reason, materialized_seq,
     reported_materialized_seq, release_seq, release_event, reported_harm_seq, positions_bound
 FROM o
-ORDER BY run_id, claim_id;
+ORDER BY run_id, claim_id, claim_seq;
 
 CREATE OR REPLACE TABLE requests AS
 -- NOTE: one aggregate per event kind (each reads only its own events), then joined: a single
@@ -146,22 +146,4 @@ FROM a
 JOIN kv_runs r ON r.run_id = a.run_id
 ORDER BY a.run_id, coalesce(a.arrived_seq, a.admitted_seq, a.refused_seq), a.request_id;
 
-CREATE OR REPLACE TABLE feasibility AS
-SELECT
-    e.run_id, e.seq, e.ts_ns, e.request_id,
-    replace(e.event, 'request_', '') AS decision,
-    e.protected_blocks, e.blocks_required,
-    coalesce(e.usable_blocks, r.usable_blocks) AS usable_blocks,
-    e.free_blocks,
-    e.protected_blocks + e.blocks_required AS demand_blocks,
-    greatest(0, e.protected_blocks + e.blocks_required
-                - coalesce(e.usable_blocks, r.usable_blocks)) AS shortfall_blocks,
-    e.shortfall_blocks AS reported_shortfall_blocks,
-    -- NOTE: DESIGN §1: protected + required <= usable, else something must give
-    e.protected_blocks + e.blocks_required <= coalesce(e.usable_blocks, r.usable_blocks)
-        AS feasible,
-    e.blocking_claim_ids, r.policy, r.enforcing
-FROM events e
-JOIN kv_runs r ON r.run_id = e.run_id
-WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
-ORDER BY e.run_id, e.seq;
+-- NOTE: `feasibility` is built by 05_feasibility.sql (rebuilt from the block timeline).

@@ -1,0 +1,1082 @@
+"""The labelling core: one ordered, compiled pass per run (docs/reconstruction.md, "Labels").
+
+Events are read in ``seq`` order, window by window; block ids, content hashes and claim ids are
+turned into dense integer indices; per-block, per-hash, per-slot (claim position) and
+per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled with numba)
+applies every event and emits:
+
+- ``kv_losses`` / ``losses``: one row per block loss (every ``block_evicted`` and one synthetic
+  row per block holding content at a ``cache_reset``) with its label;
+- ``loss_claims``: one row per (loss, claim instance with a current binding to the lost hash);
+- ``kv_materialized``: when each instance's predicate first held while it was in force;
+- ``kv_pred``: the intervals ``[from_seq, to_seq)`` where an instance's predicate holds
+  (per event, not per step);
+- ``kv_copies``: copies of content overwritten without an eviction (finding block_overwritten);
+- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption.
+
+The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
+reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
+
+NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
+of events (``WINDOW_ROWS``); outputs go to DuckDB after each window, which spills them.
+NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
+window that holds them (predicates are judged at step ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
+
+# -- vocabulary as integer codes ----------------------------------------------------------------
+
+EV_OTHER, EV_CACHED, EV_HIT, EV_EVICTED, EV_RESET, EV_ALLOC, EV_FREED = 0, 1, 2, 3, 4, 5, 6
+EV_SUBMIT, EV_ACCEPT, EV_CLAIM_OTHER, EV_BOUND, EV_RELEASE, EV_HOOK, EV_ADMISSION = (
+    7, 8, 9, 10, 11, 12, 13)
+
+EVENT_CODES: Final[dict[str, int]] = {
+    "block_cached": EV_CACHED, "block_hit": EV_HIT, "block_evicted": EV_EVICTED,
+    "cache_reset": EV_RESET, "block_allocated": EV_ALLOC, "block_freed": EV_FREED,
+    "claim_submitted": EV_SUBMIT, "claim_accepted": EV_ACCEPT, "claim_bound": EV_BOUND,
+    "claim_demoted": EV_RELEASE, "claim_expired": EV_RELEASE, "claim_released": EV_RELEASE,
+    "claim_rejected": EV_CLAIM_OTHER, "claim_materialized": EV_CLAIM_OTHER,
+    "claim_harmed": EV_CLAIM_OTHER, "claim_release_refused": EV_CLAIM_OTHER,
+    "hook_failed": EV_HOOK, "request_admitted": EV_ADMISSION, "request_deferred": EV_ADMISSION,
+    "request_refused": EV_ADMISSION, "request_preempted": EV_ADMISSION,
+}
+
+# Labels: their codes ARE their severity (recorder.schema.LABEL_SEVERITY, one source).
+EVICTION: Final[int] = LABEL_SEVERITY["eviction"]
+RELAXATION: Final[int] = LABEL_SEVERITY["relaxation"]
+EXPIRY: Final[int] = LABEL_SEVERITY["expiry"]
+HARM: Final[int] = LABEL_SEVERITY["harm"]
+UNKNOWN: Final[int] = LABEL_SEVERITY["unknown"]
+LABEL_NAMES: Final[dict[int, str]] = {v: k for k, v in LABEL_SEVERITY.items()}
+
+# What a protection mode promised (docs/reconstruction.md, "Mode promises").
+MODE_BEST_EFFORT, MODE_SOFT, MODE_RESIDENCY = 0, 1, 2
+REL_NONE, REL_RELAXATION, REL_EXPIRY = 0, 1, 2
+
+WINDOW_ROWS: Final[int] = 1_000_000
+_NULL: Final[int] = -1
+
+
+def mode_class(mode: str | None) -> int:
+    """best_effort promises nothing, soft_priority an eviction order, the rest residency.
+
+    NOTE: a mode we do not know is judged as a residency promise (its loss can show as harm)."""
+    if mode == "best_effort":
+        return MODE_BEST_EFFORT
+    if mode == "soft_priority":
+        return MODE_SOFT
+    if mode in RESIDENCY_MODES:
+        return MODE_RESIDENCY
+    # NOTE: a mode we do not know is judged as a residency promise: never hide harm
+    return MODE_RESIDENCY
+
+
+# -- the rule table ------------------------------------------------------------------------------
+
+@numba.njit(cache=True)
+def rule(seq: int, unknown_from: int, submitted: bool, accepted_seq: int, release_seq: int,
+         release_kind: int, mode: int, hook_seq: int, materialized_seq: int,
+         predicate_at_judgement: bool, lower_priority_evictable: bool) -> int:
+    """The label of one (loss at ``seq``, claim instance) pair: the first rule that matches.
+
+    ``predicate_at_judgement``: the claim's predicate after the loss (traces without steps) or
+    at the end of the loss's scheduler step. ``lower_priority_evictable``: at the loss, a block
+    that was cached, held by no request, and bound to no in-force claim of soft_priority or a
+    stronger mode existed. Seqs are -1 when the event never happened.
+    """
+    # 1. a hidden event (gap, seq hole) could change anything from here on: never guess
+    if unknown_from >= 0 and seq >= unknown_from:
+        return UNKNOWN
+    # 2. bound/accepted but never submitted: the instance's state cannot be established
+    if not submitted:
+        return UNKNOWN
+    # 3. not accepted before the loss (rejected, undecided, accepted later): no promise yet
+    if accepted_seq < 0 or accepted_seq >= seq:
+        return EVICTION
+    # 4./5. the instance's force ended before the loss
+    if release_seq >= 0 and release_seq < seq:
+        return EXPIRY if release_kind == REL_EXPIRY else RELAXATION
+    # 6. best_effort promises nothing beyond recording
+    if mode == MODE_BEST_EFFORT:
+        return EVICTION
+    # 7. a hook failed inside the engine earlier (fail-open): enforcement cannot be trusted
+    if hook_seq >= 0 and hook_seq < seq:
+        return UNKNOWN
+    # 8. the promise was never kept yet (never materialized), or it still holds (another copy,
+    #    or the content came back before the step ended)
+    if materialized_seq < 0 or materialized_seq >= seq or predicate_at_judgement:
+        return EVICTION
+    # 9. soft_priority promised an order only: harm only if a lower-priority victim existed
+    if mode == MODE_SOFT and not lower_priority_evictable:
+        return EVICTION
+    # 10. a residency promise broken while in force
+    return HARM
+
+
+# -- the pass -------------------------------------------------------------------------------------
+
+# block state columns
+B_HASH, B_REF, B_LAST_KIND, B_LAST_HASH, B_LAST_HASH_OK, B_LAST_SEQ, B_ID = range(7)
+# hash state columns
+H_COPIES, H_EVC, H_SOFT, H_RESID, H_HEAD, H_LEN = range(6)
+# slot columns
+S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
+# instance state columns
+I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_RESPOS = range(9)
+# counters
+(C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_RESN, C_NDIRTY,
+ C_NSLOTS) = range(10)
+# loss output columns
+(L_SEQ, L_ROW, L_BID, L_HASH, L_HASH_OK, L_RES, L_REP, L_REP_OK, L_HELD, L_HELD_OK, L_SYN,
+ L_STEP, L_STEP_OK, L_LABEL, L_DSEQ, L_DINST, L_P0, L_P1, L_REPAIRED) = range(19)
+NL = 19
+# pair output columns
+(P_LOSS, P_INST, P_POS, P_BEFORE, P_AFTER, P_LOW, P_LABEL, P_DSEQ, P_BROKEN, P_REPAIRED,
+ P_SEQ) = range(11)
+NP_ = 11
+# admission snapshot columns
+A_SEQ, A_ROW, A_PROT, A_CACHED, A_EVICTABLE, A_HELD, A_L0, A_L1 = range(8)
+NA = 8
+
+
+@numba.njit(cache=True)
+def _grow(buf: np.ndarray, used: int, need: int) -> np.ndarray:
+    if buf.shape[0] - used >= need:
+        return buf
+    cap = max(2 * buf.shape[0], used + need + 16)
+    out = np.empty((cap, buf.shape[1]), dtype=buf.dtype)
+    out[:used] = buf[:used]
+    return out
+
+
+@numba.njit(cache=True)
+def _grow1(buf: np.ndarray, used: int, need: int) -> np.ndarray:
+    if buf.shape[0] - used >= need:
+        return buf
+    cap = max(2 * buf.shape[0], used + need + 16)
+    out = np.empty(cap, dtype=buf.dtype)
+    out[:used] = buf[:used]
+    return out
+
+
+@numba.njit(cache=True)
+def hash_index(keys: np.ndarray, vals: np.ndarray, n_used: np.ndarray, h: np.uint64) -> int:
+    """Dense index of content hash ``h`` (open addressing; the table is never full)."""
+    mask = keys.shape[0] - 1
+    i = int((h * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+    while True:
+        v = vals[i]
+        if v < 0:
+            keys[i] = h
+            vals[i] = n_used[0]
+            n_used[0] += 1
+            return vals[i]
+        if keys[i] == h:
+            return v
+        i = (i + 1) & mask
+
+
+@numba.njit(cache=True)
+def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray,
+             BS: np.ndarray, SL: np.ndarray):
+    """A new hash table for the live hashes only (renumbered), twice as big as needed.
+
+    NOTE: a hash with no copy, no binding and no in-force coverage has all-zero state: it can
+    be forgotten and re-entered fresh when it shows up again. This keeps memory proportional
+    to the content resident or bound, not to every hash the run ever saw."""
+    n_old = hused[0]
+    live = np.zeros(n_old, dtype=np.bool_)
+    for i in range(n_old):
+        live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
+                   or HS[i, H_RESID] != 0 or HS[i, H_EVC] != 0)
+    n_live = int(live.sum())
+    cap = 1024
+    while cap < 4 * (n_live + 16):
+        cap *= 2
+    keys = np.zeros(cap, dtype=np.uint64)
+    vals = np.full(cap, -1, dtype=np.int64)
+    hs = np.zeros((cap // 2, 6), dtype=np.int64)
+    hs[:, H_HEAD] = -1
+    remap = np.full(n_old, -1, dtype=np.int64)
+    used = np.zeros(1, dtype=np.int64)
+    for j in range(hkeys.shape[0]):
+        v = hvals[j]
+        if v >= 0 and live[v]:
+            nv = hash_index(keys, vals, used, hkeys[j])
+            remap[v] = nv
+            hs[nv] = HS[v]
+    for b in range(BS.shape[0]):
+        if BS[b, B_HASH] >= 0:
+            BS[b, B_HASH] = remap[BS[b, B_HASH]]
+    for sl in range(SL.shape[0]):
+        if SL[sl, S_HASH] >= 0:
+            SL[sl, S_HASH] = remap[SL[sl, S_HASH]]
+    hused[0] = used[0]
+    return keys, vals, hs
+
+
+@numba.njit(cache=True)
+def _set_pred(inst: int, seq: int, IS: np.ndarray, k: np.ndarray, R: np.ndarray,
+              nr: np.ndarray, dirty: np.ndarray, C: np.ndarray) -> None:
+    """Re-evaluate an instance's predicate after its ok count changed."""
+    holds = k[inst] >= 1 and IS[inst, I_OK] == k[inst]
+    if holds and IS[inst, I_PRED] == 0:
+        IS[inst, I_PRED] = 1
+        IS[inst, I_PRED_FROM] = seq
+        if IS[inst, I_DIRTY] == 0:
+            IS[inst, I_DIRTY] = 1
+            dirty[C[C_NDIRTY]] = inst
+            C[C_NDIRTY] += 1
+    elif not holds and IS[inst, I_PRED] == 1:
+        IS[inst, I_PRED] = 0
+        IS[inst, I_BREAK] = seq
+        j = nr[0]
+        R[j, 0] = inst
+        R[j, 1] = IS[inst, I_PRED_FROM]
+        R[j, 2] = seq
+        nr[0] = j + 1
+
+
+@numba.njit(cache=True)
+def _residency(h: int, delta: int, seq: int, HS: np.ndarray, SL: np.ndarray, IS: np.ndarray,
+               k: np.ndarray, R: np.ndarray, nr: np.ndarray, dirty: np.ndarray,
+               C: np.ndarray) -> None:
+    """Hash ``h`` became resident (+1) or not (-1): update the instances bound to it."""
+    s = HS[h, H_HEAD]
+    while s >= 0:
+        inst = SL[s, S_INST]
+        if SL[s, S_POS] < k[inst]:
+            IS[inst, I_OK] += delta
+            _set_pred(inst, seq, IS, k, R, nr, dirty, C)
+        s = SL[s, S_NEXT]
+
+
+@numba.njit(cache=True)
+def _copy(b: int, h: int, delta: int, seq: int, BS: np.ndarray, HS: np.ndarray,
+          SL: np.ndarray, IS: np.ndarray, k: np.ndarray, R: np.ndarray, nr: np.ndarray,
+          dirty: np.ndarray, C: np.ndarray) -> None:
+    """Block ``b`` starts (+1) or stops (-1) holding a copy of hash ``h``."""
+    if delta > 0:
+        BS[b, B_HASH] = h
+    else:
+        BS[b, B_HASH] = -1
+    C[C_CACHED] += delta
+    if HS[h, H_RESID] > 0:
+        C[C_PROTECTED] += delta
+    if BS[b, B_REF] == 0:
+        C[C_EVICTABLE] += delta
+        HS[h, H_EVC] += delta
+        if HS[h, H_SOFT] == 0:
+            C[C_LOW] += delta
+    HS[h, H_COPIES] += delta
+    if (delta > 0 and HS[h, H_COPIES] == 1) or (delta < 0 and HS[h, H_COPIES] == 0):
+        _residency(h, delta, seq, HS, SL, IS, k, R, nr, dirty, C)
+
+
+@numba.njit(cache=True)
+def _ref(b: int, delta: int, BS: np.ndarray, HS: np.ndarray, C: np.ndarray) -> None:
+    """A request takes (+1) or drops (-1) a reference on block ``b``."""
+    old = BS[b, B_REF]
+    new = max(0, old + delta)
+    if old == new:
+        return
+    BS[b, B_REF] = new
+    if old == 0 or new == 0:
+        d = 1 if new > 0 else -1           # held: +1; evictable: -1
+        C[C_HELD] += d
+        h = BS[b, B_HASH]
+        if h >= 0:
+            C[C_EVICTABLE] -= d
+            HS[h, H_EVC] -= d
+            if HS[h, H_SOFT] == 0:
+                C[C_LOW] -= d
+
+
+@numba.njit(cache=True)
+def _protect(h: int, mode: int, delta: int, HS: np.ndarray, C: np.ndarray) -> None:
+    """An in-force binding of a soft (or stronger) claim starts/stops covering hash ``h``."""
+    if mode == MODE_BEST_EFFORT or h < 0:
+        return
+    old = HS[h, H_SOFT]
+    HS[h, H_SOFT] = old + delta
+    if old == 0 and delta > 0:
+        C[C_LOW] -= HS[h, H_EVC]
+    elif old + delta == 0 and delta < 0:
+        C[C_LOW] += HS[h, H_EVC]
+    if mode == MODE_RESIDENCY:
+        old = HS[h, H_RESID]
+        HS[h, H_RESID] = old + delta
+        if old == 0 and delta > 0:
+            C[C_PROTECTED] += HS[h, H_COPIES]
+        elif old + delta == 0 and delta < 0:
+            C[C_PROTECTED] -= HS[h, H_COPIES]
+
+
+@numba.njit(cache=True)
+def _force(inst: int, delta: int, off: np.ndarray, nsl: np.ndarray, k: np.ndarray,
+           mode: np.ndarray, SL: np.ndarray, HS: np.ndarray, IS: np.ndarray,
+           resl: np.ndarray, C: np.ndarray) -> None:
+    """An instance comes into force (+1, accepted) or leaves it (-1, released)."""
+    IS[inst, I_INFORCE] = 1 if delta > 0 else 0
+    for p in range(min(nsl[inst], max(k[inst], 0))):
+        _protect(SL[off[inst] + p, S_HASH], mode[inst], delta, HS, C)
+    if mode[inst] == MODE_RESIDENCY:
+        if delta > 0:
+            IS[inst, I_RESPOS] = C[C_RESN]
+            resl[C[C_RESN]] = inst
+            C[C_RESN] += 1
+        else:
+            j = IS[inst, I_RESPOS]
+            last = resl[C[C_RESN] - 1]
+            resl[j] = last
+            IS[last, I_RESPOS] = j
+            C[C_RESN] -= 1
+
+
+@numba.njit(cache=True)
+def _add_loss(L: np.ndarray, nl: int, seq: int, row: int, bid: int, h: np.uint64, h_ok: bool,
+              res: bool, rep: np.uint64, rep_ok: bool, held: np.uint64, held_ok: bool,
+              syn: bool, step: int, step_ok: bool) -> None:
+    L[nl, L_SEQ] = seq
+    L[nl, L_ROW] = row
+    L[nl, L_BID] = bid
+    L[nl, L_HASH] = np.int64(h)
+    L[nl, L_HASH_OK] = h_ok
+    L[nl, L_RES] = res
+    L[nl, L_REP] = np.int64(rep)
+    L[nl, L_REP_OK] = rep_ok
+    L[nl, L_HELD] = np.int64(held)
+    L[nl, L_HELD_OK] = held_ok
+    L[nl, L_SYN] = syn
+    L[nl, L_STEP] = step
+    L[nl, L_STEP_OK] = step_ok
+    L[nl, L_LABEL] = 0
+    L[nl, L_DSEQ] = -1
+    L[nl, L_DINST] = -1
+    L[nl, L_REPAIRED] = 0
+
+
+@numba.njit(cache=True)
+def _add_pairs(L: np.ndarray, nl: int, h: int, P: np.ndarray, npair: int, seq: int,
+               low: bool, HS: np.ndarray, SL: np.ndarray, IS: np.ndarray, rank: np.ndarray,
+               C: np.ndarray) -> int:
+    """One pair per instance with a current binding to hash ``h``; sorted by claim id, seq."""
+    start = npair
+    lid = C[C_LOSSID]
+    C[C_LOSSID] += 1
+    if h >= 0:
+        s = HS[h, H_HEAD]
+        while s >= 0:
+            inst = SL[s, S_INST]
+            pos = SL[s, S_POS]
+            if IS[inst, I_SEEN] != lid:
+                IS[inst, I_SEEN] = lid
+                P[npair, P_LOSS] = nl
+                P[npair, P_INST] = inst
+                P[npair, P_POS] = pos
+                P[npair, P_BEFORE] = IS[inst, I_PRED]
+                P[npair, P_LOW] = low
+                P[npair, P_SEQ] = seq
+                npair += 1
+            else:
+                for j in range(start, npair):
+                    if P[j, P_INST] == inst and pos < P[j, P_POS]:
+                        P[j, P_POS] = pos
+            s = SL[s, S_NEXT]
+    # insertion sort by (claim id rank, instance = claim_seq order)
+    for i in range(start + 1, npair):
+        j = i
+        while j > start and (rank[P[j - 1, P_INST]], P[j - 1, P_INST]) > (
+                rank[P[j, P_INST]], P[j, P_INST]):
+            for c in range(NP_):
+                t = P[j - 1, c]
+                P[j - 1, c] = P[j, c]
+                P[j, c] = t
+            j -= 1
+    L[nl, L_P0] = start
+    L[nl, L_P1] = npair
+    return npair
+
+
+@numba.njit(cache=True)
+def _judge(L: np.ndarray, l0: int, l1: int, P: np.ndarray, IS: np.ndarray,
+           submitted: np.ndarray, acc: np.ndarray, rel: np.ndarray, relkind: np.ndarray,
+           mode: np.ndarray, unknown_from: int, hook_seq: int) -> None:
+    """Label losses l0..l1-1 (and their pairs) with the predicates as they are now."""
+    for li in range(l0, l1):
+        seq = L[li, L_SEQ]
+        best = 0
+        for j in range(L[li, L_P0], L[li, L_P1]):
+            inst = P[j, P_INST]
+            pred_now = IS[inst, I_PRED] == 1
+            lab = rule(seq, unknown_from, submitted[inst] == 1, acc[inst], rel[inst],
+                       relkind[inst], mode[inst], hook_seq, IS[inst, I_MAT], pred_now,
+                       P[j, P_LOW] == 1)
+            P[j, P_LABEL] = lab
+            P[j, P_DSEQ] = acc[inst] if lab == HARM else (
+                rel[inst] if lab == EXPIRY or lab == RELAXATION else -1)
+            P[j, P_BROKEN] = IS[inst, I_BREAK] if lab == HARM else -1
+            # repaired: the loss left the predicate false, the step's end found it true again
+            rep = (L[li, L_STEP_OK] == 1 and P[j, P_AFTER] == 0 and pred_now
+                   and lab == EVICTION and IS[inst, I_MAT] >= 0 and IS[inst, I_MAT] < seq
+                   and acc[inst] >= 0 and acc[inst] < seq
+                   and (rel[inst] < 0 or rel[inst] >= seq))
+            P[j, P_REPAIRED] = rep
+            if rep:
+                L[li, L_REPAIRED] = 1
+            if lab > best:
+                best = lab
+                L[li, L_DINST] = inst
+                L[li, L_DSEQ] = P[j, P_DSEQ]
+        if (unknown_from >= 0 and seq >= unknown_from) or L[li, L_HASH_OK] == 0:
+            best = UNKNOWN
+            L[li, L_DINST] = -1
+            L[li, L_DSEQ] = -1
+        elif best == 0:
+            best = EVICTION
+        if best == UNKNOWN or best == EVICTION:
+            L[li, L_DINST] = -1
+            L[li, L_DSEQ] = -1
+        L[li, L_LABEL] = best
+
+
+@numba.njit(cache=True)
+def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray,
+          bidx: np.ndarray, bid: np.ndarray, hbits: np.ndarray, hok: np.ndarray,
+          inst_of: np.ndarray, pos: np.ndarray,
+          hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray,
+          BS: np.ndarray, HS: np.ndarray, SL: np.ndarray, IS: np.ndarray, C: np.ndarray,
+          resl: np.ndarray, dirty: np.ndarray,
+          k: np.ndarray, off: np.ndarray, nsl: np.ndarray, mode: np.ndarray,
+          submitted: np.ndarray, acc: np.ndarray, rel: np.ndarray, relkind: np.ndarray,
+          rank: np.ndarray, border: np.ndarray, unknown_from: int):
+    """Apply one window of events (seq order, ending at a step end); return its outputs."""
+    n = seq.shape[0]
+    nb = BS.shape[0]
+    L = np.empty((max(16, n // 8), NL), dtype=np.int64)
+    P = np.empty((max(16, n // 8), NP_), dtype=np.int64)
+    A = np.empty((16, NA), dtype=np.int64)
+    AL = np.empty(16, dtype=np.int64)
+    R = np.empty((max(16, n // 16), 3), dtype=np.int64)
+    W = np.empty((16, 4), dtype=np.int64)      # overwritten copies: block, hash, start, end
+    M = np.empty((16, 2), dtype=np.int64)      # materializations: inst, seq
+    nl = 0
+    npair = 0
+    na = 0
+    nal = 0
+    nr = np.zeros(1, dtype=np.int64)
+    nw = 0
+    nm = 0
+    l_judged = 0
+    zero = np.uint64(0)
+    for i in range(n):
+        e = ev[i]
+        s = seq[i]
+        # room for the (at most 3) hashes this event may add
+        if 2 * (hused[0] + 3) > hkeys.shape[0] or hused[0] + 3 > HS.shape[0]:
+            hkeys, hvals, HS = _rebuild(hkeys, hvals, hused, HS, BS, SL)
+        # capacity for the worst case of this event
+        if e == EV_RESET:
+            need = C[C_NSLOTS] + nb + 1
+        elif e == EV_EVICTED or e == EV_CACHED or e == EV_HIT:
+            need = 2
+            if hok[i]:
+                need += HS[hash_index(hkeys, hvals, hused, hbits[i]), H_LEN]
+            b = bidx[i]
+            if b >= 0 and BS[b, B_HASH] >= 0:
+                need += HS[BS[b, B_HASH], H_LEN]
+            if b >= 0 and BS[b, B_LAST_HASH_OK] == 1:
+                need += HS[hash_index(hkeys, hvals, hused, np.uint64(BS[b, B_LAST_HASH])),
+                           H_LEN]
+        elif e == EV_BOUND:
+            need = 2
+        else:
+            need = 1
+        L = _grow(L, nl, nb + 1 if e == EV_RESET else 1)
+        P = _grow(P, npair, need)
+        R = _grow(R, nr[0], need + 1)
+        W = _grow(W, nw, 1)
+        M = _grow(M, nm, C[C_NDIRTY] + 1)
+        A = _grow(A, na, 1)
+        AL = _grow1(AL, nal, C[C_RESN] + 1)
+
+        if e == EV_CACHED or e == EV_HIT:
+            b = bidx[i]
+            if b >= 0:
+                if e == EV_HIT:
+                    _ref(b, 1, BS, HS, C)
+                cur = BS[b, B_HASH]
+                h = hash_index(hkeys, hvals, hused, hbits[i]) if hok[i] else -1
+                if cur >= 0 and cur != h:
+                    # overwritten without an eviction: its copy ends, no loss is invented
+                    W[nw, 0] = bid[i]
+                    W[nw, 1] = BS[b, B_LAST_HASH]
+                    W[nw, 2] = BS[b, B_LAST_SEQ]
+                    W[nw, 3] = s
+                    nw += 1
+                    _copy(b, cur, -1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+                if h >= 0 and cur != h:
+                    _copy(b, h, 1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+                BS[b, B_LAST_KIND] = 1
+                BS[b, B_LAST_HASH] = np.int64(hbits[i])
+                BS[b, B_LAST_HASH_OK] = hok[i]
+                BS[b, B_LAST_SEQ] = s
+        elif e == EV_EVICTED:
+            b = bidx[i]
+            held_ok = False
+            held = zero
+            prev_ok = False
+            prev = zero
+            cur = -1
+            if b >= 0:
+                cur = BS[b, B_HASH]
+                held_ok = cur >= 0
+                if BS[b, B_LAST_KIND] == 1 and BS[b, B_LAST_HASH_OK] == 1:
+                    prev_ok = True
+                    prev = np.uint64(BS[b, B_LAST_HASH])
+                if held_ok:
+                    held = prev
+            h_ok = hok[i] or prev_ok
+            hv = hbits[i] if hok[i] else prev
+            h = hash_index(hkeys, hvals, hused, hv) if h_ok else -1
+            low = C[C_LOW] > 0
+            _add_loss(L, nl, s, i, bid[i], hv, h_ok, held_ok, hbits[i], hok[i], held,
+                      held_ok, False, step[i], step_ok[i])
+            npair = _add_pairs(L, nl, h, P, npair, s, low, HS, SL, IS, rank, C)
+            if cur >= 0:
+                _copy(b, cur, -1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+            for j in range(L[nl, L_P0], npair):
+                P[j, P_AFTER] = IS[P[j, P_INST], I_PRED]
+            nl += 1
+            if b >= 0:
+                BS[b, B_LAST_KIND] = 2
+                BS[b, B_LAST_HASH_OK] = 0
+                BS[b, B_LAST_SEQ] = s
+        elif e == EV_RESET:
+            first = nl
+            for bo in range(nb):
+                b = border[bo]
+                cur = BS[b, B_HASH]
+                if cur >= 0:
+                    hv = np.uint64(BS[b, B_LAST_HASH])
+                    _add_loss(L, nl, s, -1, BS[b, B_ID], hv, True, True, zero, False, hv,
+                              True, True, step[i], step_ok[i])
+                    # NOTE: a reset evicts every block: no eviction order is broken by it
+                    npair = _add_pairs(L, nl, cur, P, npair, s, False, HS, SL, IS, rank, C)
+                    nl += 1
+            for b in range(nb):
+                cur = BS[b, B_HASH]
+                if cur >= 0:
+                    _copy(b, cur, -1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+            for li in range(first, nl):
+                for j in range(L[li, L_P0], L[li, L_P1]):
+                    P[j, P_AFTER] = IS[P[j, P_INST], I_PRED]
+        elif e == EV_ALLOC:
+            if bidx[i] >= 0:
+                _ref(bidx[i], 1, BS, HS, C)
+        elif e == EV_FREED:
+            if bidx[i] >= 0:
+                _ref(bidx[i], -1, BS, HS, C)
+        elif e == EV_ACCEPT or e == EV_RELEASE:
+            inst = inst_of[i]
+            if inst >= 0:
+                if e == EV_ACCEPT and s == acc[inst] and not (rel[inst] >= 0 and rel[inst] < s):
+                    _force(inst, 1, off, nsl, k, mode, SL, HS, IS, resl, C)
+                    if IS[inst, I_DIRTY] == 0:
+                        IS[inst, I_DIRTY] = 1
+                        dirty[C[C_NDIRTY]] = inst
+                        C[C_NDIRTY] += 1
+                elif e == EV_RELEASE and s == rel[inst] and IS[inst, I_INFORCE] == 1:
+                    _force(inst, -1, off, nsl, k, mode, SL, HS, IS, resl, C)
+        elif e == EV_BOUND:
+            inst = inst_of[i]
+            p = pos[i]
+            if inst >= 0 and hok[i] and 0 <= p < nsl[inst]:
+                sl = off[inst] + p
+                h = hash_index(hkeys, hvals, hused, hbits[i])
+                old = SL[sl, S_HASH]
+                counted = p < k[inst]
+                if old >= 0:
+                    # unlink from the old hash's list
+                    pv, nx = SL[sl, S_PREV], SL[sl, S_NEXT]
+                    if pv >= 0:
+                        SL[pv, S_NEXT] = nx
+                    else:
+                        HS[old, H_HEAD] = nx
+                    if nx >= 0:
+                        SL[nx, S_PREV] = pv
+                    HS[old, H_LEN] -= 1
+                    if IS[inst, I_INFORCE] == 1 and counted:
+                        _protect(old, mode[inst], -1, HS, C)
+                    if counted and HS[old, H_COPIES] > 0:
+                        IS[inst, I_OK] -= 1
+                SL[sl, S_HASH] = h
+                SL[sl, S_PREV] = -1
+                SL[sl, S_NEXT] = HS[h, H_HEAD]
+                if HS[h, H_HEAD] >= 0:
+                    SL[HS[h, H_HEAD], S_PREV] = sl
+                HS[h, H_HEAD] = sl
+                HS[h, H_LEN] += 1
+                if IS[inst, I_INFORCE] == 1 and counted:
+                    _protect(h, mode[inst], 1, HS, C)
+                if counted and HS[h, H_COPIES] > 0:
+                    IS[inst, I_OK] += 1
+                _set_pred(inst, s, IS, k, R, nr, dirty, C)
+        elif e == EV_HOOK:
+            if C[C_HOOK] < 0:
+                C[C_HOOK] = s
+        elif e == EV_ADMISSION:
+            A[na, A_SEQ] = s
+            A[na, A_ROW] = i
+            A[na, A_PROT] = C[C_PROTECTED]
+            A[na, A_CACHED] = C[C_CACHED]
+            A[na, A_EVICTABLE] = C[C_EVICTABLE]
+            A[na, A_HELD] = C[C_HELD]
+            A[na, A_L0] = nal
+            for j in range(C[C_RESN]):
+                inst = resl[j]
+                if IS[inst, I_OK] > 0:
+                    AL[nal] = inst
+                    nal += 1
+            A[na, A_L1] = nal
+            na += 1
+
+        # judgement point: after a stepless event, or at the end of a scheduler step
+        if (not step_ok[i]) or i == n - 1 or (not step_ok[i + 1]) or step[i + 1] != step[i]:
+            M = _grow(M, nm, C[C_NDIRTY])
+            if nl > l_judged:
+                _judge(L, l_judged, nl, P, IS, submitted, acc, rel, relkind, mode,
+                       unknown_from, C[C_HOOK])
+                l_judged = nl
+            for j in range(C[C_NDIRTY]):
+                inst = dirty[j]
+                IS[inst, I_DIRTY] = 0
+                if (IS[inst, I_MAT] < 0 and IS[inst, I_PRED] == 1 and acc[inst] >= 0
+                        and acc[inst] <= s and (rel[inst] < 0 or rel[inst] > s)):
+                    IS[inst, I_MAT] = s
+                    M[nm, 0] = inst
+                    M[nm, 1] = s
+                    nm += 1
+            C[C_NDIRTY] = 0
+    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], hkeys, hvals,
+            HS)
+
+
+@numba.njit(cache=True)
+def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarray,
+               fseq: np.ndarray) -> np.ndarray:
+    """The claim instance (row of the run's facts, in claim_seq order) of each claim event.
+
+    NOTE: the same rule as stage 02's claim_seq: a submit starts a new instance; any other
+    claim event joins the latest instance of its id, or starts one if the id has none yet."""
+    out = np.full(seq.shape[0], -1, dtype=np.int64)
+    for i in range(seq.shape[0]):
+        e = ev[i]
+        c = code[i]
+        if c < 0 or e < EV_SUBMIT or e > EV_RELEASE:
+            continue
+        if e == EV_SUBMIT or cur[c] < 0:
+            j = np.searchsorted(fseq, seq[i])
+            cur[c] = j if j < fseq.shape[0] and fseq[j] == seq[i] else -1
+        out[i] = cur[c]
+    return out
+
+
+# -- driver: DuckDB in, DuckDB out ---------------------------------------------------------------
+
+_EVENT_CASE: Final[str] = "CASE event " + " ".join(
+    f"WHEN '{name}' THEN {code}" for name, code in EVENT_CODES.items()) + " ELSE 0 END"
+
+_WINDOW_SQL: Final[str] = f"""
+SELECT seq, step, ({_EVENT_CASE})::TINYINT AS ev, block_id, block_hash,
+       CASE WHEN event LIKE 'claim\\_%' ESCAPE '\\' THEN claim_id END AS claim_id, position,
+       ts_ns,
+       CASE WHEN event = 'block_evicted' THEN cause END AS cause,
+       CASE WHEN event = 'block_evicted' THEN by_request_id END AS by_request_id,
+       CASE WHEN event IN ('request_admitted', 'request_deferred', 'request_refused',
+                           'request_preempted') THEN request_id END AS request_id
+FROM events
+WHERE run_id = $rid AND seq >= $lo AND seq < $hi
+  AND event IN ({", ".join(f"'{n}'" for n in EVENT_CODES)})
+"""
+
+DDL: Final[tuple[str, ...]] = (
+    """CREATE OR REPLACE TEMP TABLE kv_losses (
+        run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
+        cause VARCHAR, by_request_id VARCHAR, label VARCHAR, claim_ids VARCHAR[],
+        decided_by_seq BIGINT, decided_by_claim_id VARCHAR, claim_seq BIGINT,
+        was_resident BOOLEAN, synthetic BOOLEAN, step BIGINT, repaired_in_step BOOLEAN,
+        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN)""",
+    """CREATE OR REPLACE TEMP TABLE kv_loss_pairs (
+        run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
+        claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
+        predicate_before BOOLEAN, predicate_after BOOLEAN, broken_seq BIGINT,
+        by_request_id VARCHAR, step BIGINT, repaired_in_step BOOLEAN)""",
+    """CREATE OR REPLACE TEMP TABLE kv_pred (
+        run_id VARCHAR, claim_id VARCHAR, claim_seq BIGINT, from_seq BIGINT, to_seq BIGINT)""",
+    """CREATE OR REPLACE TEMP TABLE kv_materialized (
+        run_id VARCHAR, claim_id VARCHAR, claim_seq BIGINT, materialized_seq BIGINT)""",
+    """CREATE OR REPLACE TEMP TABLE kv_copies (
+        run_id VARCHAR, block_id INTEGER, block_hash UBIGINT, start_seq BIGINT,
+        end_seq BIGINT, end_kind VARCHAR)""",
+    """CREATE OR REPLACE TEMP TABLE kv_admission_state (
+        run_id VARCHAR, seq BIGINT, request_id VARCHAR, protected_blocks BIGINT,
+        protected_claim_seqs BIGINT[], cached_blocks BIGINT, evictable_blocks BIGINT,
+        held_blocks BIGINT)""",
+)
+
+_FACTS_SQL: Final[str] = """
+SELECT claim_seq, claim_id, coalesce(k, 0) AS k, n_slots, protection_mode,
+       submitted_seq IS NOT NULL AS submitted, coalesce(accepted_seq, -1) AS acc,
+       coalesce(release_seq, -1) AS rel, release_event
+FROM kv_claim_facts WHERE run_id = $rid ORDER BY claim_seq
+"""
+
+_LABEL_DICT = pa.array(["", *(LABEL_NAMES[i] for i in range(1, 6))], pa.string())
+
+
+def _labels(codes: np.ndarray) -> pa.Array:
+    """Label codes (severities) as a dictionary-encoded string column."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), _LABEL_DICT)
+
+
+def _const(value: str, n: int) -> pa.Array:
+    """``value`` repeated ``n`` times, dictionary-encoded (no Python list of n strings)."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)),
+                                          pa.array([value], pa.string()))
+
+
+def _np(col: Any, dtype: Any, fill: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(values, valid) of an Arrow column; NULLs become ``fill``."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    valid = (np.ones(len(col), dtype=bool) if col.null_count == 0
+             else np.asarray(col.is_valid().to_numpy(zero_copy_only=False)))
+    if col.null_count:
+        col = col.fill_null(fill)
+    return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False), valid
+
+
+def _opt(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+    return pa.array(values, type=typ, mask=None if valid.all() else ~valid)
+
+
+class _Run:
+    """One run's state between windows."""
+
+    def __init__(self, con: Any, rid: str, unknown_from: int | None) -> None:
+        self.rid = rid
+        self.unknown_from = -1 if unknown_from is None else int(unknown_from)
+        facts = con.sql(_FACTS_SQL, params={"rid": rid}).to_arrow_table()
+        self.fseq = facts.column("claim_seq").to_numpy().astype(np.int64)
+        # claim ids of the instances, dictionary-encoded: takes by instance are int takes
+        self.fclaim = pc.dictionary_encode(facts.column("claim_id").combine_chunks())
+        ni = len(self.fseq)
+        ids = sorted(set(facts.column("claim_id").to_pylist()))
+        self.code = {c: i for i, c in enumerate(ids)}
+        self.rank = np.array([self.code[c] for c in facts.column("claim_id").to_pylist()],
+                             dtype=np.int64)
+        self.cur = np.full(max(1, len(ids)), -1, dtype=np.int64)
+        self.k = facts.column("k").to_numpy().astype(np.int64)
+        self.nsl = facts.column("n_slots").to_numpy().astype(np.int64)
+        self.off = np.zeros(ni, dtype=np.int64)
+        if ni:
+            self.off[1:] = np.cumsum(self.nsl)[:-1]
+        self.mode = np.array([mode_class(m) for m in facts.column("protection_mode").to_pylist()],
+                             dtype=np.int64)
+        self.submitted = facts.column("submitted").to_numpy(zero_copy_only=False).astype(np.int64)
+        self.acc = facts.column("acc").to_numpy().astype(np.int64)
+        self.rel = facts.column("rel").to_numpy().astype(np.int64)
+        self.relkind = np.array(
+            [REL_EXPIRY if r == "claim_expired" else (REL_RELAXATION if r else REL_NONE)
+             for r in facts.column("release_event").to_pylist()], dtype=np.int64)
+        nslots = int(self.nsl.sum())
+        self.SL = np.full((max(1, nslots), 5), -1, dtype=np.int64)
+        if nslots:
+            inst = np.repeat(np.arange(ni, dtype=np.int64), self.nsl)
+            self.SL[:nslots, S_INST] = inst
+            self.SL[:nslots, S_POS] = np.arange(nslots, dtype=np.int64) - self.off[inst]
+        self.IS = np.zeros((max(1, ni), 9), dtype=np.int64)
+        self.IS[:, I_PRED_FROM] = -1
+        self.IS[:, I_BREAK] = -1
+        self.IS[:, I_MAT] = -1
+        self.IS[:, I_SEEN] = -1
+        self.C = np.zeros(10, dtype=np.int64)
+        self.C[C_HOOK] = -1
+        self.C[C_NSLOTS] = nslots
+        self.resl = np.zeros(max(1, ni), dtype=np.int64)
+        self.dirty = np.zeros(max(1, ni), dtype=np.int64)
+        self.BS = np.zeros((0, 7), dtype=np.int64)
+        self.block_map: dict[int, int] | None = None
+        self.hkeys = np.zeros(1024, dtype=np.uint64)
+        self.hvals = np.full(1024, -1, dtype=np.int64)
+        self.hused = np.zeros(1, dtype=np.int64)
+        self.HS = self._new_hashes(512)
+
+    @staticmethod
+    def _new_hashes(n: int) -> np.ndarray:
+        hs = np.zeros((n, 6), dtype=np.int64)
+        hs[:, H_HEAD] = -1
+        return hs
+
+    def blocks(self, bid: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Dense block indices (-1: no block): the id itself when ids are small, else a map."""
+        if self.block_map is None and ok.any():
+            lo, hi = int(bid[ok].min()), int(bid[ok].max())
+            if lo < 0 or hi >= 1 << 26:
+                self.block_map = {int(b): i for i, b in enumerate(self.BS[:, B_ID])} \
+                    if self.BS.shape[0] else {}
+        if self.block_map is None:
+            idx = np.where(ok, bid, -1).astype(np.int64)
+            top = int(idx.max()) + 1 if idx.size else 0
+            if top > self.BS.shape[0]:
+                old = self.BS.shape[0]
+                bs = np.zeros((max(top, 2 * old), 7), dtype=np.int64)
+                bs[:old] = self.BS
+                bs[old:, B_HASH] = -1
+                bs[old:, B_ID] = np.arange(old, bs.shape[0])
+                self.BS = bs
+            return idx
+        idx = np.full(bid.shape[0], -1, dtype=np.int64)
+        for j in np.flatnonzero(ok):
+            b = int(bid[j])
+            if b not in self.block_map:
+                self.block_map[b] = len(self.block_map)
+            idx[j] = self.block_map[b]
+        if len(self.block_map) > self.BS.shape[0]:
+            old = self.BS.shape[0]
+            bs = np.zeros((len(self.block_map), 7), dtype=np.int64)
+            bs[:old] = self.BS
+            bs[old:, B_HASH] = -1
+            self.BS = bs
+            for b, i in self.block_map.items():
+                self.BS[i, B_ID] = b
+        return idx
+
+    def border(self) -> np.ndarray:
+        if self.block_map is None:
+            return np.arange(self.BS.shape[0], dtype=np.int64)
+        return np.argsort(self.BS[:, B_ID], kind="stable").astype(np.int64)
+
+
+def _step_cut(step: np.ndarray, step_ok: np.ndarray) -> int:
+    """Rows [0, cut) end at a step end (a stepless event or a change of step); 0 if none."""
+    n = step.shape[0]
+    if n == 0:
+        return 0
+    ends = ~step_ok[:-1] | ~step_ok[1:] | (step[:-1] != step[1:])
+    idx = np.flatnonzero(ends)
+    return int(idx[-1]) + 1 if idx.size else 0
+
+
+def _insert(con: Any, table: str, data: pa.Table) -> None:
+    if data.num_rows == 0:
+        return
+    con.register("kv_chunk_in", data)
+    try:
+        con.execute(f"INSERT INTO {table} SELECT * FROM kv_chunk_in")
+    finally:
+        con.unregister("kv_chunk_in")
+
+
+def _window(run: _Run, con: Any, t: pa.Table) -> None:
+    """Run the pass over one window (seq order, ending at a step end) and store its outputs."""
+    n = t.num_rows
+    seq = t.column("seq").to_numpy().astype(np.int64)
+    step, step_ok = _np(t.column("step"), np.int64)
+    ev = t.column("ev").to_numpy().astype(np.int64)
+    bid, bok = _np(t.column("block_id"), np.int64)
+    hbits, hok = _np(t.column("block_hash"), np.uint64)
+    pos, pok = _np(t.column("position"), np.int64, -1)
+    claim = t.column("claim_id").combine_chunks()
+    code = np.full(n, -1, dtype=np.int64)
+    if claim.null_count < n:
+        enc = pc.dictionary_encode(claim).combine_chunks() if isinstance(
+            claim, pa.ChunkedArray) else pc.dictionary_encode(claim)
+        lut = np.array([run.code.get(c, -1) for c in enc.dictionary.to_pylist()] or [-1],
+                       dtype=np.int64)
+        ind, iok = _np(enc.indices, np.int64)
+        code = np.where(iok, lut[ind], -1)
+    inst_of = _instances(seq, ev, code, run.cur, run.fseq)
+    bidx = run.blocks(bid, bok)
+    L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.HS = _pass(
+        seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
+        run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.resl,
+        run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
+        run.relkind, run.rank, run.border(), run.unknown_from)
+    rid = run.rid
+    nl, npair = L.shape[0], P.shape[0]
+    ts = t.column("ts_ns").combine_chunks()
+    rows = L[:, L_ROW]
+    real = rows >= 0
+    take = pa.array(np.where(real, rows, 0))
+    # a reset's synthetic losses take the reset's own ts_ns
+    reset_ts_rows = np.zeros(nl, dtype=np.int64)
+    if nl and not real.all():
+        seq_to_row = {int(s): j for j, s in enumerate(seq[ev == EV_RESET])}
+        reset_rows = np.flatnonzero(ev == EV_RESET)
+        for j in np.flatnonzero(~real):
+            reset_ts_rows[j] = reset_rows[seq_to_row[int(L[j, L_SEQ])]]
+    ts_take = pa.array(np.where(real, rows, reset_ts_rows))
+    loss_ts = ts.take(ts_take)
+    cause = pc.if_else(pa.array(real), t.column("cause").combine_chunks().take(take),
+                       pa.scalar("reset"))
+    by_req = pc.if_else(pa.array(real), t.column("by_request_id").combine_chunks().take(take),
+                        pa.scalar(None, pa.string()))
+    hash_ok = L[:, L_HASH_OK] == 1
+    block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
+    pair_inst = P[:, P_INST]
+    claim_str = (run.fclaim.take(pa.array(pair_inst)).cast(pa.string()) if npair
+                 else pa.array([], pa.string()))
+    offsets = np.append(L[:, L_P0], L[-1, L_P1] if nl else 0).astype(np.int32)
+    if nl:
+        offsets -= offsets[0]
+    dinst = L[:, L_DINST]
+    has_d = dinst >= 0
+    step_arr = _opt(L[:, L_STEP], L[:, L_STEP_OK] == 1, pa.int64())
+    losses = pa.table({
+        "run_id": _const(rid, nl),
+        "seq": pa.array(L[:, L_SEQ]),
+        "ts_ns": loss_ts,
+        "block_id": _opt(L[:, L_BID], bok[rows] | ~real if nl else np.zeros(0, bool),
+                         pa.int32()),
+        "block_hash": block_hash,
+        "cause": cause,
+        "by_request_id": by_req,
+        "label": _labels(L[:, L_LABEL]),
+        "claim_ids": pa.ListArray.from_arrays(pa.array(offsets), claim_str),
+        "decided_by_seq": _opt(L[:, L_DSEQ], L[:, L_DSEQ] >= 0, pa.int64()),
+        "decided_by_claim_id": run.fclaim.take(pa.array(dinst, mask=~has_d))
+        if len(run.fclaim) else pa.nulls(nl, pa.string()),
+        "claim_seq": _opt(run.fseq[np.where(has_d, dinst, 0)] if len(run.fseq)
+                          else np.zeros(nl, np.int64), has_d, pa.int64()),
+        "was_resident": pa.array(L[:, L_RES] == 1),
+        "synthetic": pa.array(L[:, L_SYN] == 1),
+        "step": step_arr,
+        "repaired_in_step": pa.array(L[:, L_REPAIRED] == 1),
+        "reported_hash": _opt(L[:, L_REP].view(np.uint64), L[:, L_REP_OK] == 1, pa.uint64()),
+        "held_hash": _opt(L[:, L_HELD].view(np.uint64), L[:, L_HELD_OK] == 1, pa.uint64()),
+        "bound": pa.array(L[:, L_P1] > L[:, L_P0]),
+    })
+    _insert(con, "kv_losses", losses)
+    if npair:
+        li = pa.array(P[:, P_LOSS])
+        pairs = pa.table({
+            "run_id": _const(rid, npair),
+            "seq": pa.array(P[:, P_SEQ]),
+            "ts_ns": losses.column("ts_ns").take(li),
+            "block_id": losses.column("block_id").take(li),
+            "block_hash": losses.column("block_hash").take(li),
+            "claim_seq": pa.array(run.fseq[pair_inst]),
+            "position": pa.array(P[:, P_POS].astype(np.int32)),
+            "label": _labels(P[:, P_LABEL]),
+            "decided_by_seq": _opt(P[:, P_DSEQ], P[:, P_DSEQ] >= 0, pa.int64()),
+            "predicate_before": pa.array(P[:, P_BEFORE] == 1),
+            "predicate_after": pa.array(P[:, P_AFTER] == 1),
+            "broken_seq": _opt(P[:, P_BROKEN], P[:, P_BROKEN] >= 0, pa.int64()),
+            "by_request_id": losses.column("by_request_id").take(li),
+            "step": losses.column("step").take(li),
+            "repaired_in_step": pa.array(P[:, P_REPAIRED] == 1),
+        })
+        _insert(con, "kv_loss_pairs", pairs)
+    if R.shape[0]:
+        _insert(con, "kv_pred", pa.table({
+            "run_id": _const(rid, R.shape[0]),
+            "claim_id": run.fclaim.take(pa.array(R[:, 0])),
+            "claim_seq": pa.array(run.fseq[R[:, 0]]),
+            "from_seq": pa.array(R[:, 1]), "to_seq": pa.array(R[:, 2])}))
+    if M.shape[0]:
+        _insert(con, "kv_materialized", pa.table({
+            "run_id": _const(rid, M.shape[0]),
+            "claim_id": run.fclaim.take(pa.array(M[:, 0])),
+            "claim_seq": pa.array(run.fseq[M[:, 0]]),
+            "materialized_seq": pa.array(M[:, 1])}))
+    if W.shape[0]:
+        _insert(con, "kv_copies", pa.table({
+            "run_id": _const(rid, W.shape[0]),
+            "block_id": pa.array(W[:, 0].astype(np.int32)),
+            "block_hash": pa.array(W[:, 1].view(np.uint64)),
+            "start_seq": pa.array(W[:, 2]), "end_seq": pa.array(W[:, 3]),
+            "end_kind": pa.array(["overwritten"] * W.shape[0], pa.string())}))
+    if A.shape[0]:
+        loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
+        loff -= loff[0]
+        _insert(con, "kv_admission_state", pa.table({
+            "run_id": _const(rid, A.shape[0]),
+            "seq": pa.array(A[:, A_SEQ]),
+            "request_id": t.column("request_id").combine_chunks().take(pa.array(A[:, A_ROW])),
+            "protected_blocks": pa.array(A[:, A_PROT]),
+            "protected_claim_seqs": pa.ListArray.from_arrays(
+                pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
+            "cached_blocks": pa.array(A[:, A_CACHED]),
+            "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
+            "held_blocks": pa.array(A[:, A_HELD])}))
+
+
+def _finish(run: _Run, con: Any) -> None:
+    """Open predicate intervals end with the run (to_seq NULL)."""
+    open_ = np.flatnonzero(run.IS[:len(run.fseq), I_PRED] == 1)
+    if open_.size:
+        _insert(con, "kv_pred", pa.table({
+            "run_id": _const(run.rid, open_.size),
+            "claim_id": run.fclaim.take(pa.array(open_)),
+            "claim_seq": pa.array(run.fseq[open_]),
+            "from_seq": pa.array(run.IS[open_, I_PRED_FROM]),
+            "to_seq": pa.nulls(open_.size, pa.int64())}))
+
+
+def build(con: Any, *, window: int | None = None,
+          progress: Callable[[int], None] | None = None) -> None:
+    """Run the labelling pass over every run of ``events`` (needs ``kv_runs``,
+    ``kv_claim_facts``); fill the tables listed in the module docstring (except ``losses``
+    and ``loss_claims``, which stage 04's SQL selects from ``kv_losses`` / ``kv_loss_pairs``).
+
+    ``window``: rows read at once (default ``WINDOW_ROWS``); the results never depend on it.
+    """
+    window = WINDOW_ROWS if window is None else window
+    for ddl in DDL:
+        con.execute(ddl)
+    runs = con.execute("SELECT run_id, first_seq, last_seq, unknown_from_seq FROM kv_runs "
+                       "ORDER BY run_id").fetchall()
+    keep_order = con.execute(
+        "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+    con.execute("SET preserve_insertion_order = true")
+    try:
+        for rid, first, last, unknown_from in runs:
+            run = _Run(con, rid, unknown_from)
+            lo, span = int(first), window
+            while lo <= last:
+                hi = lo + span
+                t = con.sql(_WINDOW_SQL, params={"rid": rid, "lo": lo, "hi": hi}).to_arrow_table()
+                if t.num_rows > 1:
+                    s = t.column("seq").to_numpy()
+                    if not bool(np.all(s[1:] > s[:-1])):
+                        t = t.take(pa.array(np.argsort(s, kind="stable")))
+                final = hi > last
+                if not final and t.num_rows:
+                    step, ok = _np(t.column("step"), np.int64)
+                    cut = _step_cut(step, ok)
+                    if cut == 0:          # one step longer than the window: widen it
+                        span *= 2
+                        continue
+                    if cut < t.num_rows:
+                        hi = int(t.column("seq")[cut].as_py())
+                        t = t.slice(0, cut)
+                if t.num_rows:
+                    _window(run, con, t)
+                if progress is not None:
+                    progress(t.num_rows)
+                lo, span = hi, window
+            _finish(run, con)
+    finally:
+        con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")

@@ -1,0 +1,18 @@
+-- Stage 3: the labelling pass (reconstruct/labels.py, compiled with numba): one ordered pass
+-- per run over the events in seq order. Inputs: `events`, `kv_runs`, `kv_claim_facts`.
+-- It fills (one row per ...):
+--
+-- kv_losses (block loss): run_id, seq, ts_ns, block_id, block_hash, cause, by_request_id,
+--   label, claim_ids, decided_by_seq, decided_by_claim_id, claim_seq (of the deciding claim
+--   instance), was_resident, synthetic, step, repaired_in_step, reported_hash, held_hash, bound
+-- kv_loss_pairs ((loss, bound claim instance)): seq, claim_seq, position, label,
+--   decided_by_seq, predicate_before, predicate_after, broken_seq, step, repaired_in_step ...
+-- kv_pred (interval where an instance's predicate holds, per event): run_id, claim_id,
+--   claim_seq, from_seq, to_seq (NULL: still holds at the end of the run)
+-- kv_materialized (materialized instance): run_id, claim_id, claim_seq, materialized_seq
+-- kv_copies (copy overwritten without an eviction): run_id, block_id, block_hash, start_seq,
+--   end_seq, end_kind ('overwritten')
+-- kv_admission_state (admission decision or preemption): run_id, seq, request_id,
+--   protected_blocks, protected_claim_seqs, cached_blocks, evictable_blocks, held_blocks
+--
+-- NOTE: this file holds no statement; core.run_stages calls reconstruct.labels.build here.

@@ -1,0 +1,161 @@
+"""One behaviour per labelling rule, each with its negative twin (docs/reconstruction.md,
+"Labels"): claim instances, step-level predicates, mode promises, hook failures and the
+rebuilt feasibility. Fixtures: reconstruct/shapes.py -> tests/fixtures/*.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconstruct import core, loader
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def recon(name: str) -> core.Tables:
+    events = core.load_jsonl([FIX / f"{name}.jsonl"])
+    return core.reconstruct(loader.Trace(events=events, manifests={}, truncated_runs=set()))
+
+
+def rows(t: core.Tables, sql: str) -> list[tuple]:
+    return t.con.sql(sql).fetchall()
+
+
+def loss_labels(t: core.Tables) -> list[str]:
+    return [r[0] for r in rows(t, "SELECT label FROM losses ORDER BY seq, block_id")]
+
+
+def pair_labels(t: core.Tables) -> list[tuple[int, str]]:
+    """(claim_seq, label) of each loss_claims row, in claim_seq order."""
+    return rows(t, "SELECT claim_seq, label FROM loss_claims ORDER BY seq, claim_seq")
+
+
+# -- 1. claim instances ------------------------------------------------------------------------
+
+FIRST_LABEL = {"released": "relaxation", "expired": "expiry", "demoted": "relaxation"}
+
+
+@pytest.mark.parametrize("end", ["released", "expired", "demoted"])
+def test_loss_of_a_reused_claim_id_harms_its_second_instance(end: str) -> None:
+    t = recon(f"reuse_{end}")
+    (first, second), = rows(t, "SELECT min(seq), max(seq) FROM events "
+                               "WHERE event = 'claim_submitted'")
+    assert pair_labels(t) == [(first, FIRST_LABEL[end]), (second, "harm")]
+    assert loss_labels(t) == ["harm"]
+    assert rows(t, "SELECT claim_seq, decided_by_claim_id FROM losses") == [
+        (second, "claim:a")]
+
+
+@pytest.mark.parametrize("end", ["released", "expired", "demoted"])
+def test_twin_without_a_second_declaration_is_the_first_instances_label(end: str) -> None:
+    t = recon(f"reuse_{end}_once")
+    assert [lab for _, lab in pair_labels(t)] == [FIRST_LABEL[end]]
+    assert loss_labels(t) == [FIRST_LABEL[end]]
+
+
+def test_claim_id_declared_again_after_rejection_is_harmed() -> None:
+    t = recon("reuse_rejected")
+    (second,), = rows(t, "SELECT max(seq) FROM events WHERE event = 'claim_submitted'")
+    assert pair_labels(t) == [(second, "harm")]
+
+
+def test_twin_rejected_claim_alone_loses_nothing_it_was_promised() -> None:
+    t = recon("reuse_rejected_once")
+    assert pair_labels(t) == []
+    assert loss_labels(t) == ["eviction"]
+
+
+def test_every_claim_event_carries_its_instance() -> None:
+    t = recon("reuse_released")
+    seqs = rows(t, "SELECT DISTINCT claim_seq FROM kv_claim_ev ORDER BY 1")
+    subs = rows(t, "SELECT seq FROM events WHERE event = 'claim_submitted' ORDER BY 1")
+    assert seqs == subs
+    assert rows(t, "SELECT count(*) FROM kv_claim_facts") == [(2,)]
+
+
+# -- 2. step-level predicates ------------------------------------------------------------------
+
+def test_loss_repaired_within_its_step_is_eviction_flagged_repaired() -> None:
+    t = recon("step_repaired")
+    assert loss_labels(t) == ["eviction"]
+    assert rows(t, "SELECT label, repaired_in_step, predicate_after FROM loss_claims") == [
+        ("eviction", True, False)]
+    assert rows(t, "SELECT repaired_in_step FROM losses") == [(True,)]
+
+
+def test_twin_content_back_only_in_the_next_step_is_harm() -> None:
+    t = recon("step_not_repaired")
+    assert loss_labels(t) == ["harm"]
+    assert rows(t, "SELECT repaired_in_step FROM loss_claims") == [(False,)]
+
+
+def test_twin_without_steps_each_event_is_judged_harm() -> None:
+    t = recon("step_repaired_stepless")
+    assert loss_labels(t) == ["harm"]
+    assert rows(t, "SELECT step, repaired_in_step FROM loss_claims") == [(None, False)]
+
+
+def test_materialization_is_judged_at_the_end_of_a_step() -> None:
+    t = recon("step_repaired")
+    (mat,), = rows(t, "SELECT materialized_seq FROM kv_materialized")
+    (last_of_step1,), = rows(t, "SELECT max(seq) FROM events WHERE step = 1")
+    assert mat == last_of_step1
+
+
+# -- 3. what the mode promised -----------------------------------------------------------------
+
+def test_best_effort_loss_is_eviction() -> None:
+    assert loss_labels(recon("mode_best_effort")) == ["eviction"]
+
+
+def test_twin_hard_protected_loss_under_native_is_harm() -> None:
+    assert loss_labels(recon("mode_hard_protected")) == ["harm"]
+
+
+def test_soft_loss_with_a_lower_priority_evictable_block_is_harm() -> None:
+    assert loss_labels(recon("soft_lower_evictable")) == ["harm"]
+
+
+def test_twin_soft_loss_without_a_lower_priority_evictable_block_is_eviction() -> None:
+    assert loss_labels(recon("soft_no_lower")) == ["eviction"]
+
+
+# -- 4. hook failures --------------------------------------------------------------------------
+
+def test_loss_after_a_hook_failure_is_unknown() -> None:
+    assert loss_labels(recon("hook_failed_before")) == ["unknown"]
+
+
+def test_twin_loss_before_the_hook_failure_stays_harm() -> None:
+    assert loss_labels(recon("hook_failed_after")) == ["harm"]
+
+
+# -- 5. feasibility, rebuilt -------------------------------------------------------------------
+
+def _active_admission(t: core.Tables) -> tuple:
+    (row,) = rows(t, "SELECT protected_blocks, required_blocks, usable_blocks, feasible, "
+                     "runtime_protected_blocks, runtime_feasible, agrees FROM feasibility "
+                     "WHERE request_id = 'active' AND event = 'request_admitted'")
+    return row
+
+
+def test_native_admission_over_a_resident_claim_is_infeasible_60_plus_70_over_80() -> None:
+    assert _active_admission(recon("unenforced_60_70_80")) == (60, 70, 80, False, 0, True,
+                                                               False)
+
+
+def test_twin_same_admission_with_130_usable_is_feasible() -> None:
+    assert _active_admission(recon("unenforced_60_70_130")) == (60, 70, 130, True, 0, True,
+                                                                True)
+
+
+def test_twin_no_claim_protects_nothing() -> None:
+    assert _active_admission(recon("native_60_70_80")) == (0, 70, 80, True, 0, True, True)
+
+
+def test_admission_state_names_the_protecting_claim_instance() -> None:
+    t = recon("unenforced_60_70_80")
+    (sub,), = rows(t, "SELECT seq FROM events WHERE event = 'claim_submitted'")
+    assert rows(t, "SELECT protected_claim_seqs FROM feasibility "
+                   "WHERE request_id = 'active'") == [([sub],)]
