@@ -1,4 +1,4 @@
-"""Conformance checks: each passes on its fixture and fails on a mutated twin (DESIGN §5)."""
+"""Conformance checks: each passes on its fixture and fails on a mutated twin (docs/conformance.md)."""
 
 from __future__ import annotations
 
@@ -119,9 +119,15 @@ def test_l6_fails_when_runtime_counts_surviving_blocks() -> None:
     assert verdicts(shapes.l6_position_zero(report_materialized=True))["L6"] == "fail"
 
 
-def test_checks_not_applicable_without_their_events() -> None:
+def test_checks_not_exercised_without_their_situation() -> None:
     v = verdicts(shape("native_60_70_80"))
-    assert (v["L3"], v["L4"], v["L5"]) == ("not_applicable",) * 3
+    assert (v["L3"], v["L4"], v["L5"]) == ("not_exercised",) * 3
+
+
+def test_checks_exercised_by_their_situation_are_judged() -> None:
+    assert verdicts(shape("hard_60_70_80"))["L3"] == "pass"
+    assert verdicts(shape("demote_60_70_80"))["L4"] == "pass"
+    assert verdicts(shape("ttl_60_70_80"))["L5"] == "pass"
 
 
 def test_clean_runs_fail_no_check() -> None:
