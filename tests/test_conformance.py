@@ -1,4 +1,4 @@
-"""Conformance checks: each passes on its fixture and fails on a mutated twin (docs/conformance.md)."""
+"""Conformance checks: each passes on its fixture, fails on a mutated twin (docs/conformance.md)."""
 
 from __future__ import annotations
 
