@@ -202,8 +202,8 @@ WITH fk AS (
                            []::BIGINT[]), []::BIGINT[]) END,
            (SELECT list(DISTINCT h.seq ORDER BY h.seq) FROM hard_conflicts h
             WHERE h.run_id = r.run_id),
-           (SELECT format('{} conflict(s) with a hard claim: {} refusal(s), {} deferral(s) naming '
-                          'it; {} hard-claim block(s) lost',
+           (SELECT format('{} infeasible decision(s) facing a hard claim: {} refusal(s), '
+                          '{} deferral(s) naming it; {} hard-claim block(s) lost',
                           count(DISTINCT h.seq),
                           count(DISTINCT h.seq) FILTER (WHERE h.event = 'request_refused'),
                           count(DISTINCT h.seq) FILTER (WHERE h.event = 'request_deferred'),
