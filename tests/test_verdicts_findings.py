@@ -53,3 +53,15 @@ def test_a_refused_release_is_a_security_finding_naming_the_instance() -> None:
 
 def test_no_refused_release_no_security_finding() -> None:
     assert findings(vs.release_refused(refused=False), "claim_release_refused") == []
+
+
+def test_a_violation_after_a_hook_failure_names_the_hook() -> None:
+    [(_sev, _seq, _c, _cs, _r, detail)] = findings(
+        vs.protected_loss_around_hook(hook_first=True), "protected_block_lost")
+    assert "after hook block_pool.touch failed" in detail
+
+
+def test_a_violation_before_a_hook_failure_does_not_name_it() -> None:
+    [(_sev, _seq, _c, _cs, _r, detail)] = findings(
+        vs.protected_loss_around_hook(hook_first=False), "protected_block_lost")
+    assert "hook" not in detail

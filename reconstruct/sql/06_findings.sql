@@ -255,7 +255,16 @@ WITH f AS (
     WHERE f.submitted_seq IS NOT NULL AND f.accepted_seq IS NULL AND f.rejected_seq IS NULL
       AND NOT r.has_hole
 )
-SELECT run_id, kind, severity, seq, seqs, claim_id, claim_seq, request_id, block_hash, detail
+SELECT f.run_id, f.kind, f.severity, f.seq, f.seqs, f.claim_id, f.claim_seq, f.request_id,
+       f.block_hash,
+       -- NOTE: fail-open: a violation or disagreement after a hook failure names it, so the
+       -- policy is not blamed for what a failed hook may have let through
+       CASE WHEN f.severity IN ('violation', 'disagreement') AND f.seq >= r.hook_failed_seq
+            THEN f.detail || format(' (after hook {} failed at seq {}: enforcement unknown)',
+                                    coalesce(r.hook_failed_hook, '?'), r.hook_failed_seq)
+            ELSE f.detail END AS detail
 FROM f
+LEFT JOIN kv_runs r ON r.run_id = f.run_id
 -- NOTE: block_hash and detail only break ties (e.g. several blocks lost at one reset)
-ORDER BY run_id, seq NULLS LAST, kind, claim_id, claim_seq, request_id, block_hash, detail;
+ORDER BY f.run_id, f.seq NULLS LAST, f.kind, f.claim_id, f.claim_seq, f.request_id,
+         f.block_hash, f.detail;
