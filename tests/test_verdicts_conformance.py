@@ -158,3 +158,26 @@ def test_docs_list_every_check_with_its_title() -> None:
     doc = DOC.read_text(encoding="utf-8")
     for check, title in t.con.sql('SELECT "check", title FROM kv_checks').fetchall():
         assert re.search(rf"\|\s*`{check}`\s*\|\s*{re.escape(title)}\s*\|", doc), check
+
+
+# -- claim instances in the evidence -----------------------------------------------------------
+
+def claims_of(t, check: str) -> list[tuple[str, int]]:
+    (ev,), = t.con.sql('SELECT evidence_claims FROM conformance WHERE "check" = $c',
+                       params={"c": check}).fetchall()
+    return [(e["claim_id"], e["claim_seq"]) for e in ev]
+
+
+def test_a_passing_check_names_the_claim_instances_it_judged() -> None:
+    t = vs.reconstruct_events(vs.demoted_beside_released())
+    (seq,), = t.con.sql("SELECT claim_seq FROM claims "
+                        "WHERE claim_id = 'claim:demoted'").fetchall()
+    assert claims_of(t, "L4") == [("claim:demoted", seq)]
+
+
+def test_a_failing_check_names_only_the_failing_instance_of_a_reused_id() -> None:
+    t = vs.reconstruct_events(vs.reused_after_release())
+    first, second = [s for (s,) in t.con.sql("SELECT claim_seq FROM claims "
+                                             "ORDER BY claim_seq").fetchall()]
+    assert claims_of(t, "L7") == [(vs.CLAIM, second)]
+    assert (vs.CLAIM, first) not in claims_of(t, "L7")

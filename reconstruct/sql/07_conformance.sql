@@ -53,7 +53,7 @@ SELECT * FROM (VALUES
 
 CREATE OR REPLACE TABLE conformance AS
 WITH fk AS (
-    SELECT run_id, kind, seq FROM findings
+    SELECT run_id, kind, seq, claim_seq FROM findings
 ), fails AS (
     -- the finding kinds that fail each check
     SELECT * FROM (VALUES
@@ -79,7 +79,7 @@ WITH fk AS (
         ('INV_feasible_admission', 'infeasible_admission')
     ) t(check_name, kind)
 ), finding_fails AS (
-    SELECT f.check_name, k.run_id, k.seq, k.kind
+    SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
     FROM fails f JOIN fk k ON k.kind = f.kind
 ), c AS (
     SELECT * FROM kv_claim_facts
@@ -118,12 +118,12 @@ WITH fk AS (
     -- L3: an infeasible request facing an accepted hard claim in force: the runtime's own
     -- deferral/refusal naming it, or an admission/deferral the trace shows infeasible while
     -- the hard claim held protected blocks
-    SELECT x.run_id, x.seq, x.event
+    SELECT x.run_id, x.seq, x.event, c.claim_seq
     FROM kv_claim_refs x JOIN c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
     WHERE x.event IN ('request_deferred', 'request_refused')
       AND c.protection_mode = 'hard_protected' AND c.accepted_seq < x.seq
     UNION
-    SELECT f.run_id, f.seq, f.event
+    SELECT f.run_id, f.seq, f.event, c.claim_seq
     FROM feasibility f
     JOIN c ON c.run_id = f.run_id AND list_contains(f.protected_claim_seqs, c.claim_seq)
     WHERE NOT f.feasible AND c.protection_mode = 'hard_protected'
@@ -161,7 +161,8 @@ WITH fk AS (
            -- the 10 smallest seqs, ascending
            u.first_seqs AS pass_seqs,
            format('{} loss(es) without an accepted claim, none labelled harm', coalesce(u.n, 0))
-               AS pass_detail
+               AS pass_detail,
+           NULL::BIGINT[] AS pass_claim_seqs
     FROM kv_runs r
     LEFT JOIN uncovered u ON u.run_id = r.run_id
     LEFT JOIN uncovered_harm uh ON uh.run_id = r.run_id
@@ -181,7 +182,8 @@ WITH fk AS (
             FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0),
            (SELECT format('{} write-no-admit request(s) served while {} resident block(s) were '
                           'evicted', count(*), sum(len(d.lost)))
-            FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0)
+            FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0),
+           NULL
     FROM kv_runs r
     UNION ALL
     -- L3: an accepted hard claim turns infeasibility into a refusal naming it; no block lost --
@@ -210,7 +212,8 @@ WITH fk AS (
                           (SELECT coalesce(sum(x.blocks_lost_harm + x.blocks_lost_eviction), 0)
                            FROM claims x WHERE x.run_id = r.run_id
                              AND x.protection_mode = 'hard_protected'))
-            FROM hard_conflicts h WHERE h.run_id = r.run_id)
+            FROM hard_conflicts h WHERE h.run_id = r.run_id),
+           (SELECT list(DISTINCT h.claim_seq) FROM hard_conflicts h WHERE h.run_id = r.run_id)
     FROM kv_runs r
     UNION ALL
     -- L4 / L5: a demotion (expiry) strictly precedes every later loss of that instance --------
@@ -235,7 +238,9 @@ WITH fk AS (
                           sum(CASE WHEN t.ev = 'claim_expired' THEN x.n_expiry
                                    ELSE x.n_relaxation END), t.label, sum(x.n_other))
             FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-              AND len(coalesce(x.later_losses, [])) > 0)
+              AND len(coalesce(x.later_losses, [])) > 0),
+           (SELECT list(x.claim_seq) FROM released x WHERE x.run_id = r.run_id
+              AND x.release_event = t.ev AND len(coalesce(x.later_losses, [])) > 0)
     FROM kv_runs r,
          (VALUES ('L4', 'claim_demoted', 'relaxation'),
                  ('L5', 'claim_expired', 'expiry')) t(check_name, ev, label)
@@ -255,7 +260,9 @@ WITH fk AS (
            (SELECT format('{} accepted claim instance(s): {} materialized (all leading '
                           'positions resident), {} never', count(*), count(x.materialized_seq),
                           count(*) - count(x.materialized_seq))
-            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL)
+            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL),
+           (SELECT list(x.claim_seq) FROM claims x
+            WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
     -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
@@ -274,7 +281,10 @@ WITH fk AS (
            || coalesce(ch.seqs, []::BIGINT[]),
            format('every runtime report (claim_harmed, claim_materialized, refusals) agrees with '
                   'the reconstruction, in order; {} request(s): vLLM''s num_cached_tokens equals '
-                  'the prefix hit in the trace', coalesce(ch.n, 0))
+                  'the prefix hit in the trace', coalesce(ch.n, 0)),
+           (SELECT list(x.claim_seq) FROM claims x WHERE x.run_id = r.run_id
+              AND (x.reported_harm_seq IS NOT NULL OR x.reported_materialized_seq IS NOT NULL
+                   OR x.outcome = 'harmed'))
     FROM kv_runs r LEFT JOIN cached ch ON ch.run_id = r.run_id
     UNION ALL
     -- invariants ------------------------------------------------------------------------------
@@ -286,7 +296,9 @@ WITH fk AS (
            NULL,
            (SELECT list(x.seq ORDER BY x.seq) FROM kv_claim_refs x
             WHERE x.run_id = r.run_id AND x.event = 'claim_harmed'),
-           'every harm (reported or reconstructed) follows its claim''s acceptance'
+           'every harm (reported or reconstructed) follows its claim''s acceptance',
+           (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_harmed')
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_release_precedes_loss',
@@ -294,7 +306,9 @@ WITH fk AS (
            NULL,
            (SELECT list(c.release_seq ORDER BY c.release_seq) FROM c
             WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL),
-           'every relaxation/expiry loss is strictly after its release; no harm before it'
+           'every relaxation/expiry loss is strictly after its release; no harm before it',
+           (SELECT list(c.claim_seq) FROM c
+            WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_refusal_names_protected_claim',
@@ -303,7 +317,9 @@ WITH fk AS (
            NULL,
            (SELECT list(e.seq ORDER BY e.seq) FROM events e
             WHERE e.run_id = r.run_id AND e.event = 'request_refused'),
-           'every refusal names in-force, materialized, protected claims'
+           'every refusal names in-force, materialized, protected claims',
+           (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
+            WHERE x.run_id = r.run_id AND x.event = 'request_refused')
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_no_protected_loss',
@@ -312,7 +328,9 @@ WITH fk AS (
            NULL,
            (SELECT list(c.accepted_seq ORDER BY c.accepted_seq) FROM c
             WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL),
-           'no block of an in-force protected claim is lost under an enforcing policy'
+           'no block of an in-force protected claim is lost under an enforcing policy',
+           (SELECT list(c.claim_seq) FROM c
+            WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_feasible_admission',
@@ -322,7 +340,8 @@ WITH fk AS (
            (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
             WHERE f.run_id = r.run_id AND f.event = 'request_admitted'),
            'protected + required <= usable (rebuilt from the trace) at every admission under '
-           'an enforcing policy'
+           'an enforcing policy',
+           NULL
     FROM kv_runs r
 ), judged AS (
     SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, r.evidence, r.has_hole,
@@ -333,6 +352,9 @@ WITH fk AS (
                          WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
                            AND ff.seq IS NOT NULL), []::BIGINT[])
                || coalesce(raw.fail_seqs, []::BIGINT[]))) AS all_fail_seqs,
+           (SELECT list(DISTINCT ff.claim_seq) FROM finding_fails ff
+            WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+              AND ff.claim_seq IS NOT NULL) AS fail_claim_seqs,
            (SELECT string_agg(kind || ' x' || n, ', ' ORDER BY kind) FROM (
                 SELECT ff.kind, count(*) AS n FROM finding_fails ff
                 WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
@@ -396,7 +418,17 @@ SELECT
              || CASE WHEN d.hook_failed_seq IS NOT NULL
                      THEN ' (' || d.hook_note || '; all evidence precedes it)' ELSE '' END
     END AS detail,
-    d.needs
+    d.needs,
+    -- the claim instances the evidence is about: (claim_id, claim_seq), by claim_seq
+    coalesce((SELECT list({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}
+                          ORDER BY f.claim_seq)
+              FROM kv_claim_facts f
+              WHERE f.run_id = d.run_id
+                AND list_contains(CASE WHEN d.why IN ('fail', 'fail_after_hook')
+                                           THEN d.fail_claim_seqs
+                                       WHEN d.why IN ('pass', 'hole', 'after_hook')
+                                           THEN d.pass_claim_seqs END, f.claim_seq)),
+             []) AS evidence_claims
 FROM decided d
 ORDER BY d.run_id, d.ord;
 
