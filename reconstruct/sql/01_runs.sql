@@ -51,7 +51,7 @@ SELECT
     coalesce(r.started_usable, m.usable_blocks) AS usable_blocks,
     coalesce(m.truncated, false) AS truncated,
     coalesce(p.enforce, false) AS enforcing,
-    -- Every loss at or after this seq is `unknown` (DESIGN §4: never guess after a hole).
+    -- Every loss at or after this seq is `unknown` (docs/design.md: never guess after a hole).
     least(r.gap_seq, h.hole_seq) AS unknown_from_seq,
     -- Whether anything after the last event we hold could still change an outcome.
     (coalesce(m.truncated, false) OR r.gap_seq IS NOT NULL OR h.hole_seq IS NOT NULL)
