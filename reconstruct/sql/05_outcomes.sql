@@ -130,19 +130,19 @@ WITH arrived AS (
         count(*) FILTER (WHERE event = 'request_preempted') AS preemptions,
         min(seq) FILTER (WHERE event = 'request_preempted') AS first_preempted_seq,
         max(seq) FILTER (WHERE event = 'request_preempted') AS last_preempted_seq,
-        -- issue 8 item 5: what vLLM met when it preempted the request (its first preemption)
-        arg_min(protected_blocks, seq) FILTER (WHERE event = 'request_preempted')
-            AS preempted_protected_blocks,
-        arg_min(free_blocks, seq) FILTER (WHERE event = 'request_preempted')
-            AS preempted_free_blocks,
-        arg_min(usable_blocks, seq) FILTER (WHERE event = 'request_preempted')
-            AS preempted_usable_blocks,
-        arg_min(blocking_claim_ids, seq) FILTER (WHERE event = 'request_preempted')
-            AS preempted_blocking_claim_ids,
         min(seq) FILTER (WHERE event = 'reuse_denied') AS reuse_denied_seq
     FROM events
     WHERE request_id IS NOT NULL
       AND event IN ('request_admitted', 'request_deferred', 'request_preempted', 'reuse_denied')
+    GROUP BY run_id, request_id
+), preempted AS (
+    -- issue 8 item 5: what vLLM met when it preempted the request (its first preemption)
+    SELECT run_id, request_id,
+           arg_min(protected_blocks, seq) AS preempted_protected_blocks,
+           arg_min(free_blocks, seq) AS preempted_free_blocks,
+           arg_min(usable_blocks, seq) AS preempted_usable_blocks,
+           arg_min(blocking_claim_ids, seq) AS preempted_blocking_claim_ids
+    FROM events WHERE event = 'request_preempted' AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), refused AS (
     SELECT run_id, request_id, min(seq) AS refused_seq,
@@ -196,6 +196,7 @@ WITH arrived AS (
            coalesce(blocks_hit, 0) AS blocks_hit, hit_seqs
     FROM arrived
     FULL JOIN steps USING (run_id, request_id)
+    FULL JOIN preempted USING (run_id, request_id)
     FULL JOIN refused USING (run_id, request_id)
     FULL JOIN finished USING (run_id, request_id)
     FULL JOIN blocks USING (run_id, request_id)
