@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests import verdict_shapes as vs
 
 
@@ -11,11 +13,15 @@ def claim_rows(events: vs.Events, cols: str) -> list[tuple]:
     return t.con.sql(f"SELECT {cols} FROM claims ORDER BY claim_seq").fetchall()
 
 
-def test_a_claim_declared_again_is_a_second_instance_and_its_harm_is_harm() -> None:
-    rows = claim_rows(vs.reused_after_release(), "claim_id, claim_seq, outcome")
+@pytest.mark.parametrize("end,first_outcome", [
+    ("claim_released", "released"), ("claim_expired", "expired"),
+    ("claim_demoted", "demoted"), ("claim_rejected", "rejected")])
+def test_a_claim_declared_again_is_a_second_instance_and_its_harm_is_harm(
+        end: str, first_outcome: str) -> None:
+    rows = claim_rows(vs.reused_after_release(end=end), "claim_id, claim_seq, outcome")
     assert [r[0] for r in rows] == [vs.CLAIM, vs.CLAIM]
     assert rows[0][1] < rows[1][1]
-    assert [r[2] for r in rows] == ["released", "harmed"]
+    assert [r[2] for r in rows] == [first_outcome, "harmed"]
 
 
 def test_without_a_second_declaration_the_loss_after_release_is_relaxation() -> None:

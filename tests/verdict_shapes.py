@@ -75,16 +75,28 @@ def _claim(b: TraceBuilder, hashes: list[int], *, claim: str = CLAIM, tenant: st
 
 # -- claim instances and ownership -------------------------------------------------------------
 
-def reused_after_release(*, second_submit: bool = True) -> Events:
-    """A claim released, then declared again with the same id and harmed.
+def reused_after_release(*, second_submit: bool = True, end: str = "claim_released") -> Events:
+    """A claim ended by ``end`` (released, expired, demoted or rejected), then declared again
+    with the same id and harmed.
 
-    Twin (``second_submit=False``): no second declaration, so the loss is a relaxation.
+    Twin (``second_submit=False``): no second declaration, so the loss belongs to the first
+    instance (a relaxation after a release).
     """
     b = TraceBuilder("reuse-after-release", usable=8)
     hashes = _cache(b, "r", 2)
-    _claim(b, hashes, mode="best_effort")
-    b.emit("claim_released", claim_id=CLAIM, reason="client released", released_by="tenant",
-           request_id="r", tenant="tenant-a")
+    if end == "claim_rejected":
+        b.emit("claim_submitted", claim_id=CLAIM, tenant="tenant-a", request_id="r",
+               protection_mode="expiring", threshold_blocks=2, value=1.0)
+        b.emit("claim_rejected", claim_id=CLAIM, reason="expiring needs ttl_s", request_id="r")
+    else:
+        _claim(b, hashes, mode="best_effort")
+    if end == "claim_released":
+        b.emit("claim_released", claim_id=CLAIM, reason="client released", released_by="tenant",
+               request_id="r", tenant="tenant-a")
+    elif end == "claim_expired":
+        b.emit("claim_expired", claim_id=CLAIM, reason="ttl_s elapsed")
+    elif end == "claim_demoted":
+        b.emit("claim_demoted", claim_id=CLAIM, reason="conflict", by_request_id="x")
     if second_submit:
         _claim(b, hashes, mode="demotable")
     b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
