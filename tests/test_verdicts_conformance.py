@@ -4,10 +4,12 @@ observed runs and hook failures are said, never guessed. Each rule with its nega
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
-from reconstruct import shapes
+from reconstruct import core, shapes
 from tests import verdict_shapes as vs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"
@@ -162,7 +164,7 @@ def test_docs_list_every_check_with_its_title() -> None:
 
 # -- claim instances in the evidence -----------------------------------------------------------
 
-def claims_of(t, check: str) -> list[tuple[str, int]]:
+def claims_of(t: core.Tables, check: str) -> list[tuple[str, int]]:
     (ev,), = t.con.sql('SELECT evidence_claims FROM conformance WHERE "check" = $c',
                        params={"c": check}).fetchall()
     return [(e["claim_id"], e["claim_seq"]) for e in ev]
@@ -181,3 +183,27 @@ def test_a_failing_check_names_only_the_failing_instance_of_a_reused_id() -> Non
                                              "ORDER BY claim_seq").fetchall()]
     assert claims_of(t, "L7") == [(vs.CLAIM, second)]
     assert (vs.CLAIM, first) not in claims_of(t, "L7")
+
+
+def _copy_run(src: Path, dst: Path, **manifest: object) -> Path:
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    (dst / "manifest.json").write_text(json.dumps({**m, **manifest}))
+    return dst
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "traces" / "live_pressure"
+
+
+def test_an_observed_run_directory_is_judged_from_its_manifest(tmp_path: Path) -> None:
+    run = _copy_run(SHIPPED, tmp_path / "observed", evidence="observed")
+    t, _ = core.reconstruct_paths([run])
+    v = dict(t.con.sql('SELECT "check", verdict FROM conformance').fetchall())
+    assert v["L3"] == "not_exercised" and v["INV_refusal_names_protected_claim"] == "not_exercised"
+
+
+def test_the_same_run_directory_recorded_in_engine_is_judged(tmp_path: Path) -> None:
+    run = _copy_run(SHIPPED, tmp_path / "in-engine")
+    t, _ = core.reconstruct_paths([run])
+    v = dict(t.con.sql('SELECT "check", verdict FROM conformance').fetchall())
+    assert v["L3"] == "pass" and v["INV_refusal_names_protected_claim"] == "pass"
