@@ -76,11 +76,10 @@ def harm_report_removed(e: Events) -> Events:
     return drop(e, "claim_harmed")
 
 
-def refusal_turned_into_admission(e: Events) -> Events:
-    i = idx(e, "request_refused")
-    keep = ("run_id", "seq", "ts_ns", "request_id", "blocks_required", "free_blocks",
-            "protected_blocks", "usable_blocks")
-    e[i] = {k: v for k, v in e[i].items() if k in keep} | {"event": "request_admitted"}
+def policy_turned_enforcing(e: Events) -> Events:
+    """The unenforced probe under an enforcing policy: the active request is admitted (and
+    allocates its 70 blocks) while the claim's 60 blocks are protected: 130 > 80."""
+    e[idx(e, "run_started")]["policy"] = "hard_protected"
     return e
 
 
@@ -99,8 +98,8 @@ TWINS = [
     ("INV_refusal_names_protected_claim", "hard_60_70_80", "hard_60_70_80",
      refusal_claim_id_changed),
     ("INV_no_protected_loss", "hard_60_70_80", "ttl_60_70_80", expire_removed),
-    ("INV_feasible_admission", "demote_60_70_80", "hard_60_70_80",
-     refusal_turned_into_admission),
+    ("INV_feasible_admission", "demote_60_70_80", "unenforced_60_70_80",
+     policy_turned_enforcing),
 ]
 
 

@@ -136,14 +136,26 @@ def test_checks_whose_evidence_precedes_the_hook_failure_keep_their_verdict() ->
 
 
 def test_a_violation_after_a_hook_failure_is_unknown_not_blamed_on_the_policy() -> None:
-    v = judge(vs.protected_loss_around_hook(hook_first=True))
-    assert v["INV_no_protected_loss"][0] == "unknown"
-    assert "failing evidence lies after it" in v["INV_no_protected_loss"][1]
+    verdict, detail = judge(vs.refusal_around_hook(hook_first=True))[
+        "INV_refusal_names_protected_claim"]
+    assert verdict == "unknown" and "hook arbiter.admit failed" in detail
 
 
 def test_a_violation_before_a_hook_failure_fails() -> None:
-    v = judge(vs.protected_loss_around_hook(hook_first=False))
-    assert v["INV_no_protected_loss"][0] == "fail"
+    assert judge(vs.refusal_around_hook(hook_first=False))[
+        "INV_refusal_names_protected_claim"][0] == "fail"
+
+
+def test_a_protected_claim_losing_content_after_a_hook_failure_is_unknown() -> None:
+    # whatever the loss is labelled, enforcement after the failed hook is not known
+    verdict, detail = judge(vs.protected_loss_around_hook(hook_first=True))[
+        "INV_no_protected_loss"]
+    assert verdict == "unknown" and "hook block_pool.touch failed" in detail
+
+
+def test_a_protected_claim_losing_content_before_a_hook_failure_fails() -> None:
+    assert judge(vs.protected_loss_around_hook(hook_first=False))[
+        "INV_no_protected_loss"][0] == "fail"
 
 
 # -- titles and the documentation --------------------------------------------------------------

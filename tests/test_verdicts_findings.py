@@ -57,11 +57,11 @@ def test_no_refused_release_no_security_finding() -> None:
 
 def test_a_violation_after_a_hook_failure_names_the_hook() -> None:
     [(_sev, _seq, _c, _cs, _r, detail)] = findings(
-        vs.protected_loss_around_hook(hook_first=True), "protected_block_lost")
-    assert "after hook block_pool.touch failed" in detail
+        vs.refusal_around_hook(hook_first=True), "refusal_without_blocking_claim")
+    assert "after hook arbiter.admit failed" in detail
 
 
 def test_a_violation_before_a_hook_failure_does_not_name_it() -> None:
     [(_sev, _seq, _c, _cs, _r, detail)] = findings(
-        vs.protected_loss_around_hook(hook_first=False), "protected_block_lost")
+        vs.refusal_around_hook(hook_first=False), "refusal_without_blocking_claim")
     assert "hook" not in detail

@@ -169,6 +169,21 @@ def hard_with_hook_failure(where: str | None) -> Events:
     return events
 
 
+def refusal_around_hook(*, hook_first: bool) -> Events:
+    """A refusal that names no blocking claim (a violation whatever the labels); a
+    ``hook_failed`` comes before it (``hook_first``) or after it."""
+    b = TraceBuilder("refusal-hook", policy="hard_protected", usable=8)
+    b.emit("request_arrived", request_id="big", tenant="tenant-b", num_prompt_tokens=160)
+    if hook_first:
+        b.emit("hook_failed", hook="arbiter.admit", error_type="ValueError")
+    b.emit("request_refused", request_id="big", blocks_required=10, free_blocks=8,
+           protected_blocks=0, usable_blocks=8, blocking_claim_ids=[], shortfall_blocks=2,
+           reason="protected_resident_capacity")
+    if not hook_first:
+        b.emit("hook_failed", hook="arbiter.admit", error_type="ValueError")
+    return b.finish()
+
+
 def protected_loss_around_hook(*, hook_first: bool) -> Events:
     """A hard claim in force loses a block under an enforcing policy (a violation); a
     ``hook_failed`` comes before it (``hook_first``) or after it."""

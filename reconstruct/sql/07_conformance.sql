@@ -9,7 +9,8 @@
 --   3. failing evidence only at/after the first hook_failed                     -> unknown
 --   4. the run has a hole (gap, seq hole, truncation)                           -> unknown
 --   5. the check needs in-engine evidence, was exercised, and some of its
---      evidence lies at/after the first hook_failed                            -> unknown
+--      evidence, or any enforcement event of the run, lies after the first
+--      hook_failed                                                             -> unknown
 --   6. the situation the check needs did not occur                              -> not_exercised
 --   7. otherwise                                                                -> pass
 -- NOTE: not_exercised is never a pass: a check passes only where its situation occurred.
@@ -148,6 +149,16 @@ WITH fk AS (
     SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
     FROM requests
     WHERE num_cached_tokens IS NOT NULL AND reconstructed_cached_tokens IS NOT NULL
+    GROUP BY run_id
+), last_enforcement AS (
+    -- the last event of each run that bears on enforcement: after a hook failure, a check
+    -- that needs in-engine evidence cannot pass if any of these follow it
+    SELECT run_id, max(seq) AS seq
+    FROM events
+    WHERE event IN ('block_evicted', 'cache_reset', 'request_admitted', 'request_deferred',
+                    'request_refused', 'request_preempted', 'reuse_denied', 'claim_accepted',
+                    'claim_rejected', 'claim_demoted', 'claim_expired', 'claim_released',
+                    'claim_harmed', 'claim_materialized')
     GROUP BY run_id
 ), raw AS (
     -- Each check: exercised (its situation occurred), extra failing seqs beyond findings,
@@ -346,6 +357,7 @@ WITH fk AS (
 ), judged AS (
     SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, r.evidence, r.has_hole,
            r.unknown_from_seq, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
+           le.seq AS last_enforcement_seq,
            -- every failing seq: the failing findings' seqs and the check's own
            list_sort(list_distinct(
                coalesce((SELECT list(ff.seq) FROM finding_fails ff
@@ -365,6 +377,7 @@ WITH fk AS (
     FROM raw
     JOIN kv_checks k ON k."check" = raw.check_name
     JOIN kv_runs r ON r.run_id = raw.run_id
+    LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
 ), decided AS (
     SELECT j.*,
            format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
@@ -379,7 +392,8 @@ WITH fk AS (
                WHEN j.failing THEN 'fail_after_hook'
                WHEN j.has_hole THEN 'hole'
                WHEN j.needs_engine AND j.exercised AND j.hook_failed_seq IS NOT NULL
-                    AND coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
+                    AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
+                         OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
                WHEN NOT j.exercised THEN 'not_exercised'
                ELSE 'pass'
@@ -412,7 +426,7 @@ SELECT
                               ELSE 'not exercised in the events held, but the run has a hole '
                                    || 'from seq ' END
                          || coalesce(d.unknown_from_seq::VARCHAR, 'its truncation')
-        WHEN 'after_hook' THEN d.hook_note || '; this check''s evidence lies after it'
+        WHEN 'after_hook' THEN d.hook_note || '; evidence this check judges lies after it'
         WHEN 'not_exercised' THEN 'not exercised: needs ' || d.needs
         ELSE coalesce(d.pass_detail, 'no violation')
              || CASE WHEN d.hook_failed_seq IS NOT NULL
