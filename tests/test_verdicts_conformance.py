@@ -219,3 +219,9 @@ def test_the_same_run_directory_recorded_in_engine_is_judged(tmp_path: Path) -> 
     t, _ = core.reconstruct_paths([run])
     v = dict(t.con.sql('SELECT "check", verdict FROM conformance').fetchall())
     assert v["L3"] == "pass" and v["INV_refusal_names_protected_claim"] == "pass"
+
+
+def test_an_observed_run_still_judges_expiry_declared_beside_the_engine() -> None:
+    v = judge(probe("obs-ttl", policy="ttl_expiry", claim_mode="expiring", ttl_s=1.0),
+              {"evidence": "observed"})
+    assert v["L5"][0] == "pass" and v["L6"][0] == "not_exercised"

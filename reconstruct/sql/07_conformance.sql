@@ -8,49 +8,52 @@
 --   2. failing evidence before the run's first hook_failed (or no hook failure) -> fail
 --   3. failing evidence only at/after the first hook_failed                     -> unknown
 --   4. the run has a hole (gap, seq hole, truncation)                           -> unknown
---   5. the check needs in-engine evidence, was exercised, and some of its
+--   5. the check judges enforcement, was exercised, and some of its
 --      evidence, or any enforcement event of the run, lies after the first
 --      hook_failed                                                             -> unknown
 --   6. the situation the check needs did not occur                              -> not_exercised
 --   7. otherwise                                                                -> pass
 -- NOTE: not_exercised is never a pass: a check passes only where its situation occurred.
 
--- The checks: id, human title, the situation each needs, whether it needs in-engine evidence.
+-- The checks: id, human title, the situation each needs, whether it needs in-engine evidence
+-- (else an observed run can exercise it) and whether it judges enforcement (then what follows
+-- a hook failure is unknown to it).
 -- NOTE: the one list of checks; the CLI and the dashboard read title/needs from `conformance`
 -- (or this table), docs/conformance.md lists the same ids (a test checks they agree).
 CREATE OR REPLACE TEMP TABLE kv_checks AS
 SELECT * FROM (VALUES
     (1, 'L1', 'No accepted claim, no harm',
-     'a block loss not covered by a claim accepted before it, or a claim_harmed report', false),
+     'a block loss not covered by a claim accepted before it, or a claim_harmed report',
+     false, false),
     (2, 'L2', 'Write no-admit serves the active request, yet residents are still evicted',
      'a write_no_admit run whose reuse-denied request was served while a resident block was '
-     'lost to pressure', true),
+     'lost to pressure', true, true),
     (3, 'L3', 'A hard claim turns infeasibility into a refusal that names it, and loses nothing',
      'an accepted hard_protected claim under an enforcing policy facing an infeasible request',
-     true),
+     true, true),
     (4, 'L4', 'Demotion strictly precedes every later loss, which is relaxation, not harm',
-     'a demoted claim instance that later lost content', true),
+     'a demoted claim instance that later lost content', true, true),
     (5, 'L5', 'Expiry strictly precedes every later loss, which is expiry, not harm',
-     'an expired claim instance that later lost content', true),
+     'an expired claim instance that later lost content', false, true),
     (6, 'L6', 'Surviving block count is not the predicate',
      'a claim_materialized report, or an accepted claim whose leading positions were never '
-     'all resident', false),
+     'all resident', true, true),
     (7, 'L7', 'The reconstruction equals what the runtime reported',
      'a runtime report: claim_harmed, claim_materialized, a refusal, or a finished request '
-     'with num_cached_tokens', true),
+     'with num_cached_tokens', true, true),
     (8, 'INV_no_harm_without_acceptance', 'No harm without acceptance',
-     'a harm, reported or reconstructed', false),
+     'a harm, reported or reconstructed', false, false),
     (9, 'INV_release_precedes_loss', 'A release strictly precedes its relaxation/expiry losses',
-     'a released, demoted or expired claim', false),
+     'a released, demoted or expired claim', false, false),
     (10, 'INV_refusal_names_protected_claim',
      'Every refusal names an in-force, materialized, protected claim', 'a request_refused',
-     true),
+     true, true),
     (11, 'INV_no_protected_loss',
      'No block of an in-force protected claim is lost under an enforcing policy',
-     'an accepted claim of a pinning mode under an enforcing policy', true),
+     'an accepted claim of a pinning mode under an enforcing policy', true, true),
     (12, 'INV_feasible_admission', 'Every admission is feasible under an enforcing policy',
-     'an admission under an enforcing policy', true)
-) t(ord, "check", title, needs, needs_engine);
+     'an admission under an enforcing policy', true, true)
+) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
 CREATE OR REPLACE TABLE conformance AS
 WITH fk AS (
@@ -355,7 +358,8 @@ WITH fk AS (
            NULL
     FROM kv_runs r
 ), judged AS (
-    SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, r.evidence, r.has_hole,
+    SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
+           r.has_hole,
            r.unknown_from_seq, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
            le.seq AS last_enforcement_seq,
            -- every failing seq: the failing findings' seqs and the check's own
@@ -391,7 +395,7 @@ WITH fk AS (
                                    OR len(j.all_fail_seqs) = 0) THEN 'fail'
                WHEN j.failing THEN 'fail_after_hook'
                WHEN j.has_hole THEN 'hole'
-               WHEN j.needs_engine AND j.exercised AND j.hook_failed_seq IS NOT NULL
+               WHEN j.judges_enforcement AND j.exercised AND j.hook_failed_seq IS NOT NULL
                     AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
                          OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
