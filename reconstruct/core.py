@@ -173,6 +173,24 @@ def _policies_table() -> pa.Table:
         [("policy", pa.string()), ("enforce", pa.bool_()), ("default_mode", pa.string())]))
 
 
+def _modes_table() -> pa.Table:
+    """Every protection mode with what an enforcing policy does with it (recorder/policies.py):
+    the fallback of the ``lowering`` table when a manifest has no lowering section.
+
+    ``enforced_verdict`` comes from ``recorder.policies.ENFORCED_LOWERING`` where the recorder
+    defines it (NULL otherwise: the SQL then derives it, docs/conformance.md "Lowering").
+    """
+    from recorder import policies
+
+    enforced: dict[str, tuple[str, str]] = getattr(policies, "ENFORCED_LOWERING", {})
+    rows = [{"mode": m,
+             "enforced_verdict": enforced[m][0] if m in enforced else None,
+             "enforcement": enforced[m][1] if m in enforced else MODE_ENFORCEMENT.get(m)}
+            for m in PROTECTION_MODES]
+    return pa.Table.from_pylist(rows, schema=pa.schema(
+        [("mode", pa.string()), ("enforced_verdict", pa.string()), ("enforcement", pa.string())]))
+
+
 _MANIFEST_SCHEMA: Final[pa.Schema] = pa.schema(
     [("run_id", pa.string()), ("policy", pa.string()), ("usable_blocks", pa.int32()),
      ("truncated", pa.bool_()), ("evidence", pa.string())])
@@ -232,10 +250,7 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     kv_manifest = manifest_table(manifests, truncated_runs)
     kv_policies = _policies_table()
     kv_manifest_lowering = manifest_lowering_table(manifests)
-    # every protection mode with what an enforcing policy does with it (recorder/policies.py):
-    # the fallback evidence of the `lowering` table when a manifest has no lowering section
-    kv_modes = pa.table({"mode": list(PROTECTION_MODES),
-                         "enforcement": [MODE_ENFORCEMENT.get(m) for m in PROTECTION_MODES]})
+    kv_modes = _modes_table()
     con.register("kv_modes_in", kv_modes)
     con.execute("CREATE OR REPLACE TEMP TABLE kv_modes AS SELECT * FROM kv_modes_in")
     con.unregister("kv_modes_in")

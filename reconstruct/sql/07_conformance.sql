@@ -454,7 +454,8 @@ ORDER BY d.run_id, d.ord;
 -- rejected | recorded only, with evidence. From the manifest's `lowering` section when it has
 -- the mode (source 'manifest'); else derived (source 'policy'): the trace's own decisions on
 -- that mode first (a rejection, an acceptance of a mode nothing can keep), then the run
--- policy (recorder/policies.py). Rules: docs/conformance.md "Lowering".
+-- policy and recorder/policies.py's per-mode verdicts (kv_modes). Rules: docs/conformance.md
+-- "Lowering".
 CREATE OR REPLACE TABLE lowering AS
 WITH mode_ev AS (
     SELECT f.run_id, f.protection_mode AS mode,
@@ -473,7 +474,10 @@ WITH mode_ev AS (
                WHEN m.mode = 'offloadable' AND e.rejected_seq IS NOT NULL THEN 'rejected'
                WHEN m.mode = 'offloadable' AND coalesce(r.schema_version, 1) >= 2 THEN 'rejected'
                WHEN m.mode = 'offloadable' THEN 'recorded only'
+               -- a mode the recorder rejects is rejected under every policy (fail-closed)
+               WHEN m.enforced_verdict = 'rejected' THEN 'rejected'
                WHEN NOT r.enforcing THEN 'recorded only'
+               WHEN m.enforced_verdict IS NOT NULL THEN m.enforced_verdict
                WHEN m.mode = 'best_effort' THEN 'recorded only'
                ELSE 'enforced'
            END AS verdict,
@@ -489,6 +493,7 @@ WITH mode_ev AS (
                    THEN 'the schema-2 recorder rejects offloadable at submission (offload is '
                         'not implemented); no such claim in this run'
                WHEN m.mode = 'offloadable' THEN m.enforcement
+               WHEN m.enforced_verdict = 'rejected' THEN m.enforcement
                WHEN NOT r.enforcing
                    THEN format('policy {} enforces no claim: claims are recorded and judged, '
                                'never enforced', coalesce(r.policy, '(unknown)'))
