@@ -255,9 +255,7 @@ WITH adm AS (
     SELECT e.run_id, e.seq, e.ts_ns, e.step, e.request_id, e.event,
            coalesce(e.usable_blocks, r.usable_blocks) AS usable_blocks,
            e.protected_blocks AS runtime_protected_blocks,
-           e.blocks_required AS runtime_required_blocks,
-           e.free_blocks, e.shortfall_blocks AS reported_shortfall_blocks, e.blocking_claim_ids,
-           r.policy, r.enforcing
+           e.blocks_required AS runtime_required_blocks
     FROM events e JOIN kv_runs r ON r.run_id = e.run_id
     WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
 ), prot AS (
@@ -288,14 +286,7 @@ SELECT a.run_id, a.seq, a.ts_ns, a.step, a.request_id, a.event, a.usable_blocks,
        a.runtime_protected_blocks + a.runtime_required_blocks <= a.usable_blocks
            AS runtime_feasible,
        coalesce(p.protected_blocks, 0) = a.runtime_protected_blocks AS agrees,
-       coalesce(p.protected_claim_seqs, []::BIGINT[]) AS protected_claim_seqs,
-       -- the columns feasibility had before (queries/capacity_sweep.sql reads them)
-       replace(a.event, 'request_', '') AS decision,
-       a.runtime_required_blocks AS blocks_required, a.free_blocks,
-       coalesce(p.protected_blocks, 0) + a.runtime_required_blocks AS demand_blocks,
-       greatest(0, coalesce(p.protected_blocks, 0) + a.runtime_required_blocks
-                   - a.usable_blocks) AS shortfall_blocks,
-       a.reported_shortfall_blocks, a.blocking_claim_ids, a.policy, a.enforcing
+       coalesce(p.protected_claim_seqs, []::BIGINT[]) AS protected_claim_seqs
 FROM adm a
 LEFT JOIN prot p ON p.run_id = a.run_id AND p.seq = a.seq
 ORDER BY a.run_id, a.seq;
