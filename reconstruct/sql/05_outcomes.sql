@@ -247,46 +247,22 @@ JOIN kv_runs r ON r.run_id = a.run_id
 LEFT JOIN claim_refs cr ON cr.run_id = a.run_id AND cr.request_id = a.request_id
 ORDER BY a.run_id, coalesce(a.arrived_seq, a.admitted_seq, a.refused_seq), a.request_id;
 
--- STAND-IN for helper `labels`' feasibility stage (drop when merging labels): the same
--- columns as its interface; protected_blocks rebuilt from bound content that is resident and
--- held by an in-force claim of a residency mode; required_blocks = the runtime's figure.
 CREATE OR REPLACE TABLE feasibility AS
-WITH adm AS (
-    SELECT e.run_id, e.seq, e.ts_ns, e.step, e.request_id, e.event,
-           coalesce(e.usable_blocks, r.usable_blocks) AS usable_blocks,
-           e.protected_blocks AS runtime_protected_blocks,
-           e.blocks_required AS runtime_required_blocks
-    FROM events e JOIN kv_runs r ON r.run_id = e.run_id
-    WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
-), prot AS (
-    SELECT a.run_id, a.seq, count(DISTINCT b.block_hash) AS protected_blocks,
-           list(DISTINCT f.claim_seq ORDER BY f.claim_seq) AS protected_claim_seqs
-    FROM adm a
-    JOIN kv_claim_facts f ON f.run_id = a.run_id AND f.accepted_seq < a.seq
-         AND (f.release_seq IS NULL OR f.release_seq > a.seq)
-         AND f.protection_mode IN ('hard_protected', 'demotable', 'expiring', 'offloadable')
-    JOIN kv_bindings b ON b.run_id = f.run_id AND b.claim_seq = f.claim_seq
-         AND b.position < f.k AND b.bound_seq < a.seq
-         AND (b.unbound_seq IS NULL OR b.unbound_seq > a.seq)
-    JOIN kv_resident x ON x.run_id = b.run_id AND x.block_hash = b.block_hash
-         AND x.from_seq < a.seq AND (x.to_seq IS NULL OR x.to_seq >= a.seq)
-    -- content the request itself caches or hits is its own, not extra demand
-    WHERE NOT EXISTS (SELECT 1 FROM events e
-                      WHERE e.run_id = a.run_id AND e.request_id = a.request_id
-                        AND e.block_hash = b.block_hash
-                        AND e.event IN ('block_cached', 'block_hit'))
-    GROUP BY a.run_id, a.seq
-)
-SELECT a.run_id, a.seq, a.ts_ns, a.step, a.request_id, a.event, a.usable_blocks,
-       coalesce(p.protected_blocks, 0) AS protected_blocks,
-       a.runtime_required_blocks AS required_blocks,
-       coalesce(p.protected_blocks, 0) + a.runtime_required_blocks <= a.usable_blocks
-           AS feasible,
-       a.runtime_protected_blocks, a.runtime_required_blocks,
-       a.runtime_protected_blocks + a.runtime_required_blocks <= a.usable_blocks
-           AS runtime_feasible,
-       coalesce(p.protected_blocks, 0) = a.runtime_protected_blocks AS agrees,
-       coalesce(p.protected_claim_seqs, []::BIGINT[]) AS protected_claim_seqs
-FROM adm a
-LEFT JOIN prot p ON p.run_id = a.run_id AND p.seq = a.seq
-ORDER BY a.run_id, a.seq;
+SELECT
+    e.run_id, e.seq, e.ts_ns, e.request_id,
+    replace(e.event, 'request_', '') AS decision,
+    e.protected_blocks, e.blocks_required,
+    coalesce(e.usable_blocks, r.usable_blocks) AS usable_blocks,
+    e.free_blocks,
+    e.protected_blocks + e.blocks_required AS demand_blocks,
+    greatest(0, e.protected_blocks + e.blocks_required
+                - coalesce(e.usable_blocks, r.usable_blocks)) AS shortfall_blocks,
+    e.shortfall_blocks AS reported_shortfall_blocks,
+    -- NOTE: docs/design.md: protected + required <= usable, else something must give
+    e.protected_blocks + e.blocks_required <= coalesce(e.usable_blocks, r.usable_blocks)
+        AS feasible,
+    e.blocking_claim_ids, r.policy, r.enforcing
+FROM events e
+JOIN kv_runs r ON r.run_id = e.run_id
+WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
+ORDER BY e.run_id, e.seq;
