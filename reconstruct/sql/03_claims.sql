@@ -1,28 +1,16 @@
 -- Stage 3: claim lifecycle facts, bindings, and the residency of bound content.
 
--- NOTE: claim instances (docs/design.md): every claim_submitted starts a new instance; later
--- events with that id belong to the latest instance. claim_seq = the instance's submit seq, or
--- for events of an id before any submit, the seq of the id's first event.
 CREATE OR REPLACE TEMP TABLE kv_claim_ev AS
 SELECT run_id, seq, ts_ns, event, claim_id, tenant, request_id, protection_mode,
-       threshold_blocks, ttl_s, value, block_hash, position, reason, by_request_id,
-       released_by,
-       coalesce(max(CASE WHEN event = 'claim_submitted' THEN seq END)
-                    OVER (PARTITION BY run_id, claim_id ORDER BY seq
-                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-                min(seq) OVER (PARTITION BY run_id, claim_id)) AS claim_seq
+       threshold_blocks, ttl_s, value, block_hash, position, reason, by_request_id
 FROM events
 WHERE claim_id IS NOT NULL AND event LIKE 'claim\_%' ESCAPE '\';
 
--- One row per claim instance, for mapping other events that name a claim id (ASOF on seq).
-CREATE OR REPLACE TEMP TABLE kv_claim_instances AS
-SELECT DISTINCT run_id, claim_id, claim_seq FROM kv_claim_ev;
-
--- One row per claim instance seen in any claim event of a run.
+-- One row per claim id seen in any claim event of a run.
 CREATE OR REPLACE TEMP TABLE kv_claim_facts AS
 WITH f AS (
     SELECT
-        run_id, claim_seq, any_value(claim_id) AS claim_id,
+        run_id, claim_id,
         min(seq) FILTER (WHERE event = 'claim_submitted') AS submitted_seq,
         arg_min(tenant, seq) FILTER (WHERE event = 'claim_submitted') AS tenant,
         arg_min(request_id, seq) FILTER (WHERE event = 'claim_submitted') AS request_id,
@@ -39,8 +27,6 @@ WITH f AS (
         min(seq) FILTER (WHERE event = 'claim_expired') AS expired_seq,
         arg_min(ts_ns, seq) FILTER (WHERE event = 'claim_expired') AS expired_ts_ns,
         min(seq) FILTER (WHERE event = 'claim_released') AS released_seq,
-        arg_min(released_by, seq) FILTER (WHERE event = 'claim_released') AS released_by,
-        count(*) FILTER (WHERE event = 'claim_release_refused') AS release_refusals,
         min(seq) FILTER (WHERE event = 'claim_materialized') AS reported_materialized_seq,
         list(seq ORDER BY seq) FILTER (WHERE event = 'claim_materialized')
             AS reported_materialized_seqs,
@@ -50,7 +36,7 @@ WITH f AS (
             AS positions_bound,
         max(position) FILTER (WHERE event = 'claim_bound') AS max_position
     FROM kv_claim_ev
-    GROUP BY run_id, claim_seq
+    GROUP BY run_id, claim_id
 )
 SELECT
     f.*,
@@ -76,8 +62,8 @@ LEFT JOIN kv_policies p ON p.policy = r.policy;
 -- Which content a claim covers at which position, valid from bound_seq until the position
 -- is bound again (unbound_seq; NULL = still bound).
 CREATE OR REPLACE TEMP TABLE kv_bindings AS
-SELECT run_id, claim_seq, claim_id, position, block_hash, seq AS bound_seq,
-       lead(seq) OVER (PARTITION BY run_id, claim_seq, position ORDER BY seq) AS unbound_seq
+SELECT run_id, claim_id, position, block_hash, seq AS bound_seq,
+       lead(seq) OVER (PARTITION BY run_id, claim_id, position ORDER BY seq) AS unbound_seq
 FROM kv_claim_ev
 WHERE event = 'claim_bound' AND block_hash IS NOT NULL AND position >= 0;
 
@@ -121,11 +107,11 @@ WHERE res;
 
 -- For each claim position below k: intervals where its bound content is resident.
 CREATE OR REPLACE TEMP TABLE kv_pos_ok AS
-SELECT b.run_id, b.claim_seq, b.claim_id, b.position,
+SELECT b.run_id, b.claim_id, b.position,
        greatest(b.bound_seq, r.from_seq) AS from_seq,
        least(b.unbound_seq, r.to_seq) AS to_seq
 FROM kv_bindings b
-JOIN kv_claim_facts f ON f.run_id = b.run_id AND f.claim_seq = b.claim_seq
+JOIN kv_claim_facts f ON f.run_id = b.run_id AND f.claim_id = b.claim_id
 JOIN kv_resident r ON r.run_id = b.run_id AND r.block_hash = b.block_hash
 WHERE b.position < f.k
   AND (r.to_seq IS NULL OR r.to_seq > b.bound_seq)
@@ -135,41 +121,40 @@ WHERE b.position < f.k
 -- 0..k-1 bound and resident (NOTE: positions, never a count of surviving blocks — L6).
 CREATE OR REPLACE TEMP TABLE kv_pred AS
 WITH d AS (
-    SELECT run_id, claim_seq, from_seq AS seq, 1 AS delta FROM kv_pos_ok
+    SELECT run_id, claim_id, from_seq AS seq, 1 AS delta FROM kv_pos_ok
     UNION ALL
-    SELECT run_id, claim_seq, to_seq AS seq, -1 AS delta FROM kv_pos_ok WHERE to_seq IS NOT NULL
+    SELECT run_id, claim_id, to_seq AS seq, -1 AS delta FROM kv_pos_ok WHERE to_seq IS NOT NULL
 ), agg AS (
-    SELECT run_id, claim_seq, seq, sum(delta) AS delta FROM d GROUP BY ALL
+    SELECT run_id, claim_id, seq, sum(delta) AS delta FROM d GROUP BY ALL
 ), running AS (
-    SELECT a.run_id, a.claim_seq, a.seq,
-           sum(a.delta) OVER (PARTITION BY a.run_id, a.claim_seq ORDER BY a.seq) AS ok
+    SELECT a.run_id, a.claim_id, a.seq,
+           sum(a.delta) OVER (PARTITION BY a.run_id, a.claim_id ORDER BY a.seq) AS ok
     FROM agg a
 ), flags AS (
-    SELECT r.run_id, r.claim_seq, f.claim_id, r.seq, r.ok >= f.k AS holds,
-           lag(r.ok >= f.k, 1, false) OVER (PARTITION BY r.run_id, r.claim_seq ORDER BY r.seq)
+    SELECT r.run_id, r.claim_id, r.seq, r.ok >= f.k AS holds,
+           lag(r.ok >= f.k, 1, false) OVER (PARTITION BY r.run_id, r.claim_id ORDER BY r.seq)
                AS prev_holds
     FROM running r
-    JOIN kv_claim_facts f ON f.run_id = r.run_id AND f.claim_seq = r.claim_seq
+    JOIN kv_claim_facts f ON f.run_id = r.run_id AND f.claim_id = r.claim_id
     WHERE f.k >= 1
 ), edges AS (
-    SELECT run_id, claim_seq, claim_id, seq, holds,
-           lead(seq) OVER (PARTITION BY run_id, claim_seq ORDER BY seq) AS next_edge
+    SELECT run_id, claim_id, seq, holds,
+           lead(seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq) AS next_edge
     FROM flags
     WHERE holds <> prev_holds
 )
-SELECT run_id, claim_seq, claim_id, seq AS from_seq, next_edge AS to_seq,
+SELECT run_id, claim_id, seq AS from_seq, next_edge AS to_seq,
        -- the end of the claim's previous interval (NULL for its first)
-       lag(next_edge) OVER (PARTITION BY run_id, claim_seq ORDER BY seq) AS prev_to_seq
+       lag(next_edge) OVER (PARTITION BY run_id, claim_id ORDER BY seq) AS prev_to_seq
 FROM edges
 WHERE holds;
 
 -- First seq at which the predicate held while the claim was in force (accepted, not yet
 -- released): "materialized" in DESIGN §2. NULL = never.
 CREATE OR REPLACE TEMP TABLE kv_materialized AS
-SELECT f.run_id, f.claim_seq, f.claim_id,
-       min(greatest(p.from_seq, f.accepted_seq)) AS materialized_seq
+SELECT f.run_id, f.claim_id, min(greatest(p.from_seq, f.accepted_seq)) AS materialized_seq
 FROM kv_claim_facts f
-JOIN kv_pred p ON p.run_id = f.run_id AND p.claim_seq = f.claim_seq
+JOIN kv_pred p ON p.run_id = f.run_id AND p.claim_id = f.claim_id
 WHERE f.accepted_seq IS NOT NULL
   AND (p.to_seq IS NULL OR p.to_seq > f.accepted_seq)
   AND (f.release_seq IS NULL OR greatest(p.from_seq, f.accepted_seq) < f.release_seq)

@@ -4,7 +4,7 @@
 CREATE OR REPLACE TABLE loss_claims AS
 WITH pairs AS (
     SELECT l.run_id, l.seq, l.ts_ns, l.block_id, l.block_hash, l.by_request_id,
-           b.claim_seq, b.claim_id, min(b.position) AS position
+           b.claim_id, min(b.position) AS position
     FROM kv_losses l
     JOIN kv_bindings b
       ON b.run_id = l.run_id AND b.block_hash = l.block_hash
@@ -31,10 +31,10 @@ WITH pairs AS (
         CASE WHEN q.to_seq <= p.seq THEN q.to_seq ELSE q.prev_to_seq END AS broken_seq
     FROM pairs p
     JOIN kv_runs r ON r.run_id = p.run_id
-    JOIN kv_claim_facts f ON f.run_id = p.run_id AND f.claim_seq = p.claim_seq
-    LEFT JOIN kv_materialized m ON m.run_id = p.run_id AND m.claim_seq = p.claim_seq
+    JOIN kv_claim_facts f ON f.run_id = p.run_id AND f.claim_id = p.claim_id
+    LEFT JOIN kv_materialized m ON m.run_id = p.run_id AND m.claim_id = p.claim_id
     ASOF LEFT JOIN kv_pred q
-      ON q.run_id = p.run_id AND q.claim_seq = p.claim_seq AND p.seq >= q.from_seq
+      ON q.run_id = p.run_id AND q.claim_id = p.claim_id AND p.seq >= q.from_seq
 ), lab AS (
     SELECT
         ev.*,
@@ -52,7 +52,7 @@ WITH pairs AS (
     FROM ev
 )
 SELECT
-    run_id, seq, ts_ns, block_id, block_hash, claim_id, claim_seq, position, label,
+    run_id, seq, ts_ns, block_id, block_hash, claim_id, position, label,
     CASE label
         WHEN 'harm' THEN accepted_seq
         WHEN 'expiry' THEN release_seq
@@ -64,7 +64,7 @@ SELECT
     CASE WHEN label = 'harm' THEN broken_seq END AS broken_seq,
     by_request_id
 FROM lab
-ORDER BY run_id, seq, block_id, claim_id, claim_seq;
+ORDER BY run_id, seq, block_id, claim_id;
 
 -- One row per block loss with the most severe label of its claims
 -- (harm > unknown > expiry > relaxation > eviction).
@@ -80,10 +80,7 @@ WITH per_loss AS (
                           WHEN 'relaxation' THEN 2 ELSE 1 END DESC, claim_id) AS decided_by_seq,
            first(claim_id ORDER BY
                CASE label WHEN 'harm' THEN 5 WHEN 'unknown' THEN 4 WHEN 'expiry' THEN 3
-                          WHEN 'relaxation' THEN 2 ELSE 1 END DESC, claim_id) AS decided_by_claim_id,
-           first(claim_seq ORDER BY
-               CASE label WHEN 'harm' THEN 5 WHEN 'unknown' THEN 4 WHEN 'expiry' THEN 3
-                          WHEN 'relaxation' THEN 2 ELSE 1 END DESC, claim_id) AS decided_by_claim_seq
+                          WHEN 'relaxation' THEN 2 ELSE 1 END DESC, claim_id) AS decided_by_claim_id
     FROM loss_claims
     GROUP BY run_id, seq, block_id
 )
@@ -101,9 +98,6 @@ SELECT
     CASE WHEN l.seq >= r.unknown_from_seq OR l.block_hash IS NULL THEN NULL
          WHEN p.label IN ('harm', 'expiry', 'relaxation') THEN p.decided_by_claim_id
     END AS decided_by_claim_id,
-    CASE WHEN l.seq >= r.unknown_from_seq OR l.block_hash IS NULL THEN NULL
-         WHEN p.label IN ('harm', 'expiry', 'relaxation') THEN p.decided_by_claim_seq
-    END AS decided_by_claim_seq,
     l.was_resident,
     l.synthetic
 FROM kv_losses l
