@@ -37,13 +37,16 @@ from typing import Any, Final
 import duckdb
 import pyarrow as pa
 
-from recorder.policies import PINNING_MODES, POLICIES
+from recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
+from recorder.schema import PROTECTION_MODES
 from recorder.schema import InputError
 from reconstruct import labels
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
     "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
+# Verdict tables: computed from the others, readable like them (docs/conformance.md).
+VERDICT_TABLES: Final[tuple[str, ...]] = ("conformance", "lowering")
 
 STAGES: Final[tuple[str, ...]] = (
     "01_runs.sql", "02_claims.sql", "03_pass.sql", "04_labels.sql", "05_feasibility.sql",
@@ -89,14 +92,14 @@ class Tables:
 
     def table(self, name: str) -> pa.Table:
         """One reconstructed table as a ``pa.Table`` (cached)."""
-        if name not in TABLE_NAMES and name != "conformance":
+        if name not in TABLE_NAMES and name not in VERDICT_TABLES:
             raise KeyError(name)
         if name not in self._cache:
             self._cache[name] = self.con.sql(f"SELECT * FROM {name}").to_arrow_table()
         return self._cache[name]
 
     def __getattr__(self, name: str) -> pa.Table:
-        if name in TABLE_NAMES or name == "conformance":
+        if name in TABLE_NAMES or name in VERDICT_TABLES:
             return self.table(name)
         raise AttributeError(name)
 
@@ -229,9 +232,50 @@ def _policies_table() -> pa.Table:
         [("policy", pa.string()), ("enforce", pa.bool_()), ("default_mode", pa.string())]))
 
 
+def _modes_table() -> pa.Table:
+    """Every protection mode with what an enforcing policy does with it (recorder/policies.py):
+    the fallback of the ``lowering`` table when a manifest has no lowering section.
+
+    ``enforced_verdict`` comes from ``recorder.policies.ENFORCED_LOWERING`` where the recorder
+    defines it (NULL otherwise: the SQL then derives it, docs/conformance.md "Lowering").
+    """
+    from recorder import policies
+
+    enforced: dict[str, tuple[str, str]] = getattr(policies, "ENFORCED_LOWERING", {})
+    rows = [{"mode": m,
+             "enforced_verdict": enforced[m][0] if m in enforced else None,
+             "enforcement": enforced[m][1] if m in enforced else MODE_ENFORCEMENT.get(m)}
+            for m in PROTECTION_MODES]
+    return pa.Table.from_pylist(rows, schema=pa.schema(
+        [("mode", pa.string()), ("enforced_verdict", pa.string()), ("enforcement", pa.string())]))
+
+
 _MANIFEST_SCHEMA: Final[pa.Schema] = pa.schema(
     [("run_id", pa.string()), ("policy", pa.string()), ("usable_blocks", pa.int32()),
-     ("truncated", pa.bool_())])
+     ("truncated", pa.bool_()), ("evidence", pa.string())])
+
+_LOWERING_SCHEMA: Final[pa.Schema] = pa.schema(
+    [("run_id", pa.string()), ("mode", pa.string()), ("verdict", pa.string()),
+     ("evidence", pa.string())])
+
+
+def manifest_lowering_table(manifests: dict[str, dict[str, Any]] | None) -> pa.Table:
+    """The manifest's ``lowering`` section ({mode: {"verdict", "evidence"}}) as rows.
+
+    Entries that are not of that shape are skipped (the reconstruction then derives the
+    verdict from the run policy; docs/conformance.md "Lowering").
+    """
+    rows = []
+    for rid, m in sorted((manifests or {}).items()):
+        lowering = m.get("lowering")
+        if not isinstance(lowering, dict):
+            continue
+        for mode, entry in sorted(lowering.items()):
+            if isinstance(entry, dict) and isinstance(entry.get("verdict"), str):
+                ev = entry.get("evidence")
+                rows.append({"run_id": rid, "mode": str(mode), "verdict": entry["verdict"],
+                             "evidence": ev if isinstance(ev, str) else None})
+    return pa.Table.from_pylist(rows, schema=_LOWERING_SCHEMA)
 
 
 def manifest_table(manifests: dict[str, dict[str, Any]] | None,
@@ -246,7 +290,10 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
         rows.append({"run_id": rid,
                      "policy": m.get("policy") if isinstance(m.get("policy"), str) else None,
                      "usable_blocks": usable if isinstance(usable, int) else None,
-                     "truncated": rid in truncated_runs})
+                     "truncated": rid in truncated_runs,
+                     # "observed": the stock-vLLM listener (no in-engine admissions/requests)
+                     "evidence": m.get("evidence") if isinstance(m.get("evidence"), str)
+                     else None})
     return pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA)
 
 
@@ -261,11 +308,19 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     """
     kv_manifest = manifest_table(manifests, truncated_runs)
     kv_policies = _policies_table()
+    kv_manifest_lowering = manifest_lowering_table(manifests)
+    kv_modes = _modes_table()
+    con.register("kv_modes_in", kv_modes)
+    con.execute("CREATE OR REPLACE TEMP TABLE kv_modes AS SELECT * FROM kv_modes_in")
+    con.unregister("kv_modes_in")
     con.register("kv_manifest_in", kv_manifest)
     con.register("kv_policies_in", kv_policies)
+    con.register("kv_manifest_lowering_in", kv_manifest_lowering)
     con.execute("CREATE OR REPLACE TEMP TABLE kv_manifest AS SELECT * FROM kv_manifest_in")
     con.execute("CREATE OR REPLACE TEMP TABLE kv_policies AS SELECT * FROM kv_policies_in")
-    for name in ("kv_manifest_in", "kv_policies_in"):
+    con.execute("CREATE OR REPLACE TEMP TABLE kv_manifest_lowering AS "
+                "SELECT * FROM kv_manifest_lowering_in")
+    for name in ("kv_manifest_in", "kv_policies_in", "kv_manifest_lowering_in"):
         con.unregister(name)
     for stage in STAGES:
         sql = stage_sql(stage)

@@ -159,3 +159,27 @@ def test_native_pressure_loses_the_tail_blocks(tables: core.Tables, stem: str) -
     lost = {b for (b,) in rows(tables, "SELECT block_id FROM losses WHERE run_id = $rid",
                                rid=RUN_IDS[stem])}
     assert lost == set(range(11, 61))
+
+
+def verdict(t: core.Tables, stem: str, check: str) -> str:
+    (v,), = rows(t, 'SELECT verdict FROM conformance WHERE run_id = $rid AND "check" = $c',
+                 rid=RUN_IDS[stem], c=check)
+    return v
+
+
+@pytest.mark.parametrize("stem,check", [
+    ("hard_resident_exclude_80", "L3"), ("live_scheduler_pressure", "L3"),
+    ("demote", "L4"), ("expire", "L5")])
+def test_the_prototypes_conflicts_exercise_and_pass_their_check(
+        tables: core.Tables, stem: str, check: str) -> None:
+    assert verdict(tables, stem, check) == "pass"
+
+
+@pytest.mark.parametrize("stem,check", [
+    # the prototype never records that the reuse-denied request finished: served is unseen
+    ("write_no_admit_80", "L2"),
+    # no claim at all, and at 130 nothing conflicts
+    ("native_130", "L3"), ("native_80", "L4"), ("hard_resident_exclude_80", "L5")])
+def test_checks_the_prototype_trace_does_not_exercise_are_not_passes(
+        tables: core.Tables, stem: str, check: str) -> None:
+    assert verdict(tables, stem, check) == "not_exercised"

@@ -1,4 +1,4 @@
-"""Conformance checks: each passes on its fixture and fails on a mutated twin (DESIGN §5)."""
+"""Conformance checks: each passes on its fixture, fails on a mutated twin (docs/conformance.md)."""
 
 from __future__ import annotations
 
@@ -76,11 +76,10 @@ def harm_report_removed(e: Events) -> Events:
     return drop(e, "claim_harmed")
 
 
-def refusal_turned_into_admission(e: Events) -> Events:
-    i = idx(e, "request_refused")
-    keep = ("run_id", "seq", "ts_ns", "request_id", "blocks_required", "free_blocks",
-            "protected_blocks", "usable_blocks")
-    e[i] = {k: v for k, v in e[i].items() if k in keep} | {"event": "request_admitted"}
+def policy_turned_enforcing(e: Events) -> Events:
+    """The unenforced probe under an enforcing policy: the active request is admitted (and
+    allocates its 70 blocks) while the claim's 60 blocks are protected: 130 > 80."""
+    e[idx(e, "run_started")]["policy"] = "hard_protected"
     return e
 
 
@@ -99,8 +98,8 @@ TWINS = [
     ("INV_refusal_names_protected_claim", "hard_60_70_80", "hard_60_70_80",
      refusal_claim_id_changed),
     ("INV_no_protected_loss", "hard_60_70_80", "ttl_60_70_80", expire_removed),
-    ("INV_feasible_admission", "demote_60_70_80", "hard_60_70_80",
-     refusal_turned_into_admission),
+    ("INV_feasible_admission", "demote_60_70_80", "unenforced_60_70_80",
+     policy_turned_enforcing),
 ]
 
 
@@ -119,9 +118,15 @@ def test_l6_fails_when_runtime_counts_surviving_blocks() -> None:
     assert verdicts(shapes.l6_position_zero(report_materialized=True))["L6"] == "fail"
 
 
-def test_checks_not_applicable_without_their_events() -> None:
+def test_checks_not_exercised_without_their_situation() -> None:
     v = verdicts(shape("native_60_70_80"))
-    assert (v["L3"], v["L4"], v["L5"]) == ("not_applicable",) * 3
+    assert (v["L3"], v["L4"], v["L5"]) == ("not_exercised",) * 3
+
+
+def test_checks_exercised_by_their_situation_are_judged() -> None:
+    assert verdicts(shape("hard_60_70_80"))["L3"] == "pass"
+    assert verdicts(shape("demote_60_70_80"))["L4"] == "pass"
+    assert verdicts(shape("ttl_60_70_80"))["L5"] == "pass"
 
 
 def test_clean_runs_fail_no_check() -> None:

@@ -1,6 +1,6 @@
 -- Stage 1: one row per run with the facts every later stage needs.
 -- Inputs: view `events` (loader schema, plain strings), table `kv_manifest`
--- (run_id, policy, usable_blocks, truncated) and table `kv_policies` (policy, enforce).
+-- (run_id, policy, usable_blocks, truncated, evidence) and table `kv_policies` (policy, enforce).
 
 CREATE OR REPLACE TEMP TABLE kv_ev_runs AS
 SELECT
@@ -10,6 +10,13 @@ SELECT
     count(*) AS n_events,
     arg_min(policy, seq) FILTER (WHERE event = 'run_started') AS started_policy,
     arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
+    arg_min(block_size, seq) FILTER (WHERE event = 'run_started') AS block_size,
+    arg_min(schema_version, seq) FILTER (WHERE event = 'run_started') AS schema_version,
+    -- fail-open marks: enforcement from the first hook failure on is unknown (docs/conformance.md)
+    min(seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_seq,
+    arg_min(hook, seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_hook,
+    arg_min(error_type, seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_error,
+    count(*) FILTER (WHERE event = 'hook_failed') AS n_hook_failures,
     -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
     min(least(seq, first_seq)) FILTER (WHERE event = 'recorder_gap') AS gap_seq,
     count(*) FILTER (WHERE event = 'recorder_gap') AS n_gaps,
@@ -35,6 +42,11 @@ CREATE OR REPLACE TEMP TABLE kv_runs AS
 SELECT
     r.run_id, r.first_seq, r.last_seq, r.n_events, r.n_gaps, r.finished,
     r.events_written, r.events_dropped, r.gap_seq, h.hole_seq,
+    r.block_size, r.schema_version, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
+    r.n_hook_failures,
+    -- 'observed': the stock-vLLM listener (claims declared beside the engine, no in-engine
+    -- requests or admissions); 'in_engine' otherwise (our recorder, imports, fixtures)
+    CASE WHEN m.evidence = 'observed' THEN 'observed' ELSE 'in_engine' END AS evidence,
     coalesce(r.started_policy, m.policy) AS policy,
     coalesce(r.started_usable, m.usable_blocks) AS usable_blocks,
     coalesce(m.truncated, false) AS truncated,

@@ -1,4 +1,34 @@
--- Stage 5: final outcome per claim, outcome per request.
+-- Stage 5: final outcome per claim instance and per request (docs/design.md "Labels",
+-- docs/reconstruction.md "Tables"). Claims are instances: (run_id, claim_seq) is the key.
+
+-- Every event that names a claim id (a release, a refused release, a runtime report, a refusal's
+-- or preemption's blocking claims), mapped to the
+-- claim instance in force for that id at its seq (the latest instance submitted at or before
+-- it). NOTE: an id named before any instance of it exists maps to its next instance (a
+-- request_arrived names the claim its request is about to submit).
+CREATE OR REPLACE TEMP TABLE kv_claim_refs AS
+WITH refs AS (
+    SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason,
+           block_hash
+    FROM events
+    WHERE event IN ('claim_released', 'claim_release_refused', 'claim_materialized',
+                    'claim_harmed')
+      AND claim_id IS NOT NULL
+    UNION ALL
+    SELECT run_id, seq, event, unnest(blocking_claim_ids) AS claim_id, request_id, NULL, NULL,
+           NULL, NULL
+    FROM events
+    WHERE event IN ('request_deferred', 'request_refused', 'request_preempted')
+      AND blocking_claim_ids IS NOT NULL
+), inst AS (
+    SELECT run_id, claim_id, claim_seq FROM kv_claim_facts
+)
+SELECT r.*,
+       coalesce(i.claim_seq, (SELECT min(j.claim_seq) FROM inst j
+                              WHERE j.run_id = r.run_id AND j.claim_id = r.claim_id
+                                AND j.claim_seq > r.seq)) AS claim_seq
+FROM refs r
+ASOF LEFT JOIN inst i ON i.run_id = r.run_id AND i.claim_id = r.claim_id AND r.seq >= i.claim_seq;
 
 CREATE OR REPLACE TABLE claims AS
 WITH lost AS (
@@ -13,6 +43,17 @@ WITH lost AS (
            arg_min(by_request_id, seq) FILTER (WHERE label = 'harm') AS first_harm_by_request_id
     FROM loss_claims
     GROUP BY run_id, claim_seq
+), rel AS (
+    -- who released the instance, and how many releases by others were refused (issue 8
+    -- item 8: a release takes the claim's own tenant; the operator's is recorded as such)
+    SELECT run_id, claim_seq,
+           arg_min(released_by, seq) FILTER (WHERE event = 'claim_released') AS released_by,
+           count(*) FILTER (WHERE event = 'claim_release_refused') AS release_refusals,
+           list(seq ORDER BY seq) FILTER (WHERE event = 'claim_release_refused')
+               AS release_refused_seqs
+    FROM kv_claim_refs
+    WHERE event IN ('claim_released', 'claim_release_refused')
+    GROUP BY run_id, claim_seq
 ), o AS (
     SELECT
         f.run_id, f.claim_id, f.claim_seq, f.tenant, f.request_id, f.protection_mode,
@@ -20,6 +61,14 @@ WITH lost AS (
         f.submitted_seq, f.accepted_seq, f.rejected_seq, f.reject_reason,
         m.materialized_seq, f.reported_materialized_seq,
         f.release_seq, f.release_event, f.reported_harm_seq,
+        CASE f.release_event
+            WHEN 'claim_released' THEN rel.released_by
+            -- demotion and expiry are the arbiter's own (recorder/schema.py RELEASERS)
+            WHEN 'claim_demoted' THEN 'arbiter'
+            WHEN 'claim_expired' THEN 'arbiter'
+        END AS released_by,
+        coalesce(rel.release_refusals, 0) AS release_refusals,
+        coalesce(rel.release_refused_seqs, []::BIGINT[]) AS release_refused_seqs,
         coalesce(l.blocks_lost_harm, 0) AS blocks_lost_harm,
         coalesce(l.blocks_lost_expiry, 0) AS blocks_lost_expiry,
         coalesce(l.blocks_lost_relaxation, 0) AS blocks_lost_relaxation,
@@ -46,19 +95,21 @@ WITH lost AS (
     JOIN kv_runs r ON r.run_id = f.run_id
     LEFT JOIN kv_materialized m ON m.run_id = f.run_id AND m.claim_seq = f.claim_seq
     LEFT JOIN lost l ON l.run_id = f.run_id AND l.claim_seq = f.claim_seq
+    LEFT JOIN rel ON rel.run_id = f.run_id AND rel.claim_seq = f.claim_seq
 )
 SELECT
-    run_id, claim_id, claim_seq, outcome, tenant, request_id, protection_mode, threshold_blocks, ttl_s,
-    value,
+    run_id, claim_id, claim_seq, outcome, tenant, request_id, protection_mode,
+    threshold_blocks, ttl_s, value,
     -- NOTE: value is all-or-nothing: a harmed claim loses all of it
     CASE outcome WHEN 'harmed' THEN value WHEN 'unknown' THEN NULL ELSE 0.0 END AS value_lost,
     first_harm_seq, first_harm_ts_ns, first_harm_by_request_id,
     blocks_lost_harm, blocks_lost_expiry, blocks_lost_relaxation, blocks_lost_eviction,
     blocks_lost_unknown,
     submitted_seq, accepted_seq, rejected_seq, reject_reason, materialized_seq,
-    reported_materialized_seq, release_seq, release_event, reported_harm_seq, positions_bound
+    reported_materialized_seq, release_seq, release_event, released_by, release_refusals,
+    release_refused_seqs, reported_harm_seq, positions_bound
 FROM o
-ORDER BY run_id, claim_id, claim_seq;
+ORDER BY run_id, claim_seq;
 
 CREATE OR REPLACE TABLE requests AS
 -- NOTE: one aggregate per event kind (each reads only its own events), then joined: a single
@@ -73,14 +124,25 @@ WITH arrived AS (
     SELECT
         run_id, request_id,
         min(seq) FILTER (WHERE event = 'request_admitted') AS admitted_seq,
+        max(seq) FILTER (WHERE event = 'request_admitted') AS last_admitted_seq,
         count(*) FILTER (WHERE event = 'request_deferred') AS deferrals,
         min(seq) FILTER (WHERE event = 'request_deferred') AS first_deferred_seq,
         count(*) FILTER (WHERE event = 'request_preempted') AS preemptions,
+        min(seq) FILTER (WHERE event = 'request_preempted') AS first_preempted_seq,
         max(seq) FILTER (WHERE event = 'request_preempted') AS last_preempted_seq,
         min(seq) FILTER (WHERE event = 'reuse_denied') AS reuse_denied_seq
     FROM events
     WHERE request_id IS NOT NULL
       AND event IN ('request_admitted', 'request_deferred', 'request_preempted', 'reuse_denied')
+    GROUP BY run_id, request_id
+), preempted AS (
+    -- issue 8 item 5: what vLLM met when it preempted the request (its first preemption)
+    SELECT run_id, request_id,
+           arg_min(protected_blocks, seq) AS preempted_protected_blocks,
+           arg_min(free_blocks, seq) AS preempted_free_blocks,
+           arg_min(usable_blocks, seq) AS preempted_usable_blocks,
+           arg_min(blocking_claim_ids, seq) AS preempted_blocking_claim_ids
+    FROM events WHERE event = 'request_preempted' AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), refused AS (
     SELECT run_id, request_id, min(seq) AS refused_seq,
@@ -101,22 +163,40 @@ WITH arrived AS (
         run_id, request_id,
         count(*) FILTER (WHERE event = 'block_allocated') AS blocks_allocated,
         count(*) FILTER (WHERE event = 'block_cached') AS blocks_cached,
-        count(*) FILTER (WHERE event = 'block_hit') AS blocks_hit
+        count(*) FILTER (WHERE event = 'block_hit') AS blocks_hit,
+        list(seq ORDER BY seq) FILTER (WHERE event = 'block_hit') AS hit_seqs
     FROM events
     WHERE request_id IS NOT NULL
       AND event IN ('block_allocated', 'block_cached', 'block_hit')
     GROUP BY run_id, request_id
+), claim_refs AS (
+    -- the claim instances named by each request's refusal and first preemption
+    SELECT run_id, request_id,
+           list(claim_seq ORDER BY claim_id) FILTER (WHERE event = 'request_refused')
+               AS blocking_claim_seqs,
+           list(claim_seq ORDER BY claim_id) FILTER (WHERE event = 'request_preempted')
+               AS preempted_blocking_claim_seqs
+    FROM kv_claim_refs x
+    WHERE event IN ('request_refused', 'request_preempted')
+      AND seq = (SELECT min(y.seq) FROM kv_claim_refs y
+                 WHERE y.run_id = x.run_id AND y.request_id = x.request_id
+                   AND y.event = x.event)
+    GROUP BY run_id, request_id
 ), a AS (
     SELECT run_id, request_id, arrived_seq, tenant, claim_id, num_prompt_tokens, admitted_seq,
+           last_admitted_seq,
            coalesce(deferrals, 0) AS deferrals, first_deferred_seq, refused_seq,
            blocking_claim_ids, shortfall_blocks, refusal_reason,
-           coalesce(preemptions, 0) AS preemptions, last_preempted_seq, finished_seq,
+           coalesce(preemptions, 0) AS preemptions, first_preempted_seq, last_preempted_seq,
+           preempted_protected_blocks, preempted_free_blocks, preempted_usable_blocks,
+           preempted_blocking_claim_ids, finished_seq,
            finish_reason, num_cached_tokens, num_output_tokens, reuse_denied_seq,
            coalesce(blocks_allocated, 0) AS blocks_allocated,
            coalesce(blocks_cached, 0) AS blocks_cached,
-           coalesce(blocks_hit, 0) AS blocks_hit
+           coalesce(blocks_hit, 0) AS blocks_hit, hit_seqs
     FROM arrived
     FULL JOIN steps USING (run_id, request_id)
+    FULL JOIN preempted USING (run_id, request_id)
     FULL JOIN refused USING (run_id, request_id)
     FULL JOIN finished USING (run_id, request_id)
     FULL JOIN blocks USING (run_id, request_id)
@@ -137,13 +217,34 @@ SELECT
         WHEN a.preemptions > 0 THEN 'preempted'
         ELSE 'unknown'
     END AS outcome,
-    a.tenant, a.claim_id, a.num_prompt_tokens, a.arrived_seq, a.admitted_seq, a.deferrals,
-    a.first_deferred_seq, a.refused_seq, a.blocking_claim_ids, a.shortfall_blocks,
-    a.refusal_reason, a.preemptions, a.last_preempted_seq, a.finished_seq, a.finish_reason,
-    a.num_cached_tokens, a.num_output_tokens, a.reuse_denied_seq IS NOT NULL AS reuse_denied,
+    a.tenant, a.claim_id,
+    -- the request's own claim instance: the one it submitted
+    (SELECT min(f.claim_seq) FROM kv_claim_facts f
+     WHERE f.run_id = a.run_id AND f.claim_id = a.claim_id AND f.request_id = a.request_id)
+        AS claim_seq,
+    a.num_prompt_tokens, a.arrived_seq, a.admitted_seq, a.deferrals,
+    a.first_deferred_seq, a.refused_seq, a.blocking_claim_ids, cr.blocking_claim_seqs,
+    a.shortfall_blocks, a.refusal_reason, a.preemptions, a.first_preempted_seq,
+    a.last_preempted_seq, a.preempted_protected_blocks, a.preempted_free_blocks,
+    a.preempted_usable_blocks, a.preempted_blocking_claim_ids,
+    cr.preempted_blocking_claim_seqs, a.finished_seq, a.finish_reason,
+    a.num_cached_tokens,
+    -- The prefix hit the trace shows for the admission that served the request: its block_hit
+    -- events after its last admission, in tokens, capped by vLLM's rule that a prompt is never
+    -- served entirely from cache (the last token is recomputed, so a full-prompt hit counts
+    -- at most floor((prompt_tokens - 1) / block_size) blocks). Compared with vLLM's own
+    -- num_cached_tokens by L7 (docs/conformance.md).
+    CASE WHEN r.block_size IS NOT NULL AND a.finished_seq IS NOT NULL THEN
+        least(len(list_filter(coalesce(a.hit_seqs, []::BIGINT[]),
+                              lambda s: s > coalesce(a.last_admitted_seq, -1))) * r.block_size,
+              CASE WHEN a.num_prompt_tokens IS NULL THEN NULL
+                   ELSE ((a.num_prompt_tokens - 1) // r.block_size) * r.block_size END)
+    END AS reconstructed_cached_tokens,
+    a.num_output_tokens, a.reuse_denied_seq IS NOT NULL AS reuse_denied,
     a.reuse_denied_seq, a.blocks_allocated, a.blocks_cached, a.blocks_hit
 FROM a
 JOIN kv_runs r ON r.run_id = a.run_id
+LEFT JOIN claim_refs cr ON cr.run_id = a.run_id AND cr.request_id = a.request_id
 ORDER BY a.run_id, coalesce(a.arrived_seq, a.admitted_seq, a.refused_seq), a.request_id;
 
 -- NOTE: `feasibility` is built by 05_feasibility.sql (rebuilt from the block timeline).

@@ -1,37 +1,46 @@
 -- Stage 6: findings. Every hole in the evidence, every disagreement between the runtime's own
 -- reports and the reconstruction, every invariant violation and every trace anomaly, each
--- with the seq numbers involved. severity: hole | disagreement | violation | anomaly.
+-- with the seq numbers involved. severity: hole | disagreement | violation | security | anomaly.
+-- Every finding that names a claim names its instance: (claim_id, claim_seq).
 
 CREATE OR REPLACE TABLE findings AS
 WITH f AS (
     -- holes ---------------------------------------------------------------------------------
     SELECT run_id, 'recorder_gap' AS kind, 'hole' AS severity, seq,
-           [seq, first_seq, last_seq] AS seqs, NULL AS claim_id, NULL AS request_id,
-           NULL::UBIGINT AS block_hash,
+           [seq, first_seq, last_seq] AS seqs, NULL AS claim_id, NULL::BIGINT AS claim_seq,
+           NULL AS request_id, NULL::UBIGINT AS block_hash,
            format('recorder dropped {} events (seq {}..{}): every loss from seq {} on is unknown',
                   coalesce(events_dropped::VARCHAR, '?'), coalesce(first_seq::VARCHAR, '?'),
                   coalesce(last_seq::VARCHAR, '?'), least(seq, first_seq)) AS detail
     FROM events WHERE event = 'recorder_gap'
     UNION ALL
-    SELECT run_id, 'seq_hole', 'hole', hole_seq, [hole_seq], NULL, NULL, NULL,
+    SELECT run_id, 'seq_hole', 'hole', hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
            format('seq {} is missing and no recorder_gap covers it', hole_seq)
     FROM kv_runs WHERE hole_seq IS NOT NULL AND (gap_seq IS NULL OR hole_seq < gap_seq)
     UNION ALL
-    SELECT run_id, 'truncated', 'hole', last_seq, [last_seq], NULL, NULL, NULL,
+    SELECT run_id, 'truncated', 'hole', last_seq, [last_seq], NULL, NULL, NULL, NULL,
            format('the run''s last segment is truncated after seq {}: outcomes that could '
                   'still change are unknown', last_seq)
     FROM kv_runs WHERE truncated
+    UNION ALL
+    -- fail-open: a hook or the arbiter raised inside vLLM; the engine kept serving, so what
+    -- enforcement did from here on is not known (checks judged after it are `unknown`)
+    SELECT run_id, 'hook_failed', 'hole', seq, [seq], NULL, NULL, NULL, NULL,
+           format('hook {} failed inside vLLM at seq {} ({}); the engine kept serving: '
+                  'enforcement from seq {} on is unknown, not blamed on the policy',
+                  coalesce(hook, '?'), seq, coalesce(error_type, 'unknown error'), seq)
+    FROM events WHERE event = 'hook_failed'
 
     -- runtime reports vs reconstruction ------------------------------------------------------
     UNION ALL
     SELECT c.run_id, 'harm_not_reported', 'disagreement', c.first_harm_seq,
-           [c.first_harm_seq], c.claim_id, NULL, NULL,
+           [c.first_harm_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} was harmed at seq {} (reconstructed) but the runtime reported no '
                   'claim_harmed', c.claim_id, c.first_harm_seq)
     FROM claims c WHERE c.outcome = 'harmed' AND c.reported_harm_seq IS NULL
     UNION ALL
     SELECT f.run_id, 'harm_reported_not_reconstructed', 'disagreement', f.reported_harm_seq,
-           [f.reported_harm_seq], f.claim_id, NULL, NULL,
+           [f.reported_harm_seq], f.claim_id, f.claim_seq, NULL, NULL,
            format('the runtime reported claim_harmed for {} at seq {}, the trace shows no harm',
                   f.claim_id, f.reported_harm_seq)
     FROM claims f JOIN kv_runs r USING (run_id)
@@ -40,63 +49,96 @@ WITH f AS (
       AND f.reported_harm_seq < coalesce(r.unknown_from_seq, f.reported_harm_seq + 1)
     UNION ALL
     SELECT run_id, 'harm_reported_before_loss', 'disagreement', reported_harm_seq,
-           [reported_harm_seq, first_harm_seq], claim_id, NULL, NULL,
+           [reported_harm_seq, first_harm_seq], claim_id, claim_seq, NULL, NULL,
            format('the runtime reported claim_harmed for {} at seq {}, before the loss that '
                   'harmed it (seq {})', claim_id, reported_harm_seq, first_harm_seq)
     FROM claims WHERE reported_harm_seq < first_harm_seq
     UNION ALL
     SELECT e.run_id, 'materialized_reported_predicate_false', 'disagreement', e.seq,
-           [e.seq], e.claim_id, NULL, NULL,
+           [e.seq], e.claim_id, e.claim_seq, NULL, NULL,
            format('the runtime reported claim_materialized for {} at seq {}, but positions '
                   '0..{} are not all bound and resident there', e.claim_id, e.seq,
                   coalesce(f.k - 1, -1))
-    FROM kv_claim_ev e
+    FROM kv_claim_refs e
     JOIN kv_runs r ON r.run_id = e.run_id
-    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_id = e.claim_id
+    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
     WHERE e.event = 'claim_materialized'
       AND e.seq < coalesce(r.unknown_from_seq, e.seq + 1)
       AND NOT EXISTS (SELECT 1 FROM kv_pred q
-                      WHERE q.run_id = e.run_id AND q.claim_id = e.claim_id
+                      WHERE q.run_id = e.run_id AND q.claim_seq = e.claim_seq
                         AND q.from_seq <= e.seq AND (q.to_seq IS NULL OR q.to_seq > e.seq))
     UNION ALL
     SELECT c.run_id, 'materialization_not_reported', 'disagreement', c.materialized_seq,
-           [c.materialized_seq], c.claim_id, NULL, NULL,
+           [c.materialized_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} materialized at seq {} (reconstructed) but the runtime, which '
                   'reports materialization in this run, did not report it', c.claim_id,
                   c.materialized_seq)
     FROM claims c JOIN kv_runs r USING (run_id)
     WHERE c.materialized_seq IS NOT NULL AND c.reported_materialized_seq IS NULL
       AND c.materialized_seq < coalesce(r.unknown_from_seq, c.materialized_seq + 1)
-      AND EXISTS (SELECT 1 FROM kv_claim_ev m
+      AND EXISTS (SELECT 1 FROM kv_claim_refs m
                   WHERE m.run_id = c.run_id AND m.event = 'claim_materialized')
     UNION ALL
-    SELECT run_id, 'shortfall_mismatch', 'disagreement', seq, [seq], NULL, request_id, NULL,
+    -- the runtime's own figures disagree with its own shortfall
+    SELECT e.run_id, 'shortfall_mismatch', 'disagreement', e.seq, [e.seq], NULL, NULL,
+           e.request_id, NULL,
            format('request {} at seq {}: reported shortfall {} but protected {} + required {} '
-                  '- usable {} = {}', request_id, seq, reported_shortfall_blocks,
-                  protected_blocks, blocks_required, usable_blocks, shortfall_blocks)
-    FROM feasibility
-    WHERE reported_shortfall_blocks IS NOT NULL AND shortfall_blocks IS NOT NULL
-      AND reported_shortfall_blocks <> shortfall_blocks
+                  '- usable {} = {}', e.request_id, e.seq, e.shortfall_blocks,
+                  e.protected_blocks, e.blocks_required, coalesce(e.usable_blocks, r.usable_blocks),
+                  greatest(0, e.protected_blocks + e.blocks_required
+                              - coalesce(e.usable_blocks, r.usable_blocks)))
+    FROM events e JOIN kv_runs r ON r.run_id = e.run_id
+    WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
+      AND e.shortfall_blocks IS NOT NULL AND e.protected_blocks IS NOT NULL
+      AND e.blocks_required IS NOT NULL
+      AND e.shortfall_blocks <> greatest(0, e.protected_blocks + e.blocks_required
+                                            - coalesce(e.usable_blocks, r.usable_blocks))
+    UNION ALL
+    -- feasibility rebuilt from the block timeline vs the runtime's own figures (issue 8
+    -- item 4): every disagreement is shown, both figures side by side
+    SELECT f.run_id, 'feasibility_disagreement', 'disagreement', f.seq, [f.seq], NULL, NULL,
+           f.request_id, NULL,
+           format('{} of request {} at seq {}: the trace shows protected {} + required {} '
+                  '(feasible: {}), the runtime reported protected {} + required {} '
+                  '(feasible: {}); usable {}', f.event, f.request_id, f.seq,
+                  f.protected_blocks, f.required_blocks, f.feasible,
+                  coalesce(f.runtime_protected_blocks::VARCHAR, '?'),
+                  coalesce(f.runtime_required_blocks::VARCHAR, '?'),
+                  coalesce(f.runtime_feasible::VARCHAR, '?'), f.usable_blocks)
+    FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
+    WHERE f.agrees = false AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
+    UNION ALL
+    -- what vLLM told the client it served from cache vs the prefix hit the trace shows
+    SELECT q.run_id, 'cached_tokens_mismatch', 'disagreement', q.finished_seq,
+           [q.finished_seq], q.claim_id, q.claim_seq, q.request_id, NULL,
+           format('request {} finished at seq {}: vLLM reported {} cached tokens, the trace '
+                  'shows a prefix hit of {} tokens', q.request_id, q.finished_seq,
+                  q.num_cached_tokens, q.reconstructed_cached_tokens)
+    FROM requests q JOIN kv_runs r ON r.run_id = q.run_id
+    WHERE r.evidence = 'in_engine'
+      AND q.num_cached_tokens IS NOT NULL AND q.reconstructed_cached_tokens IS NOT NULL
+      AND q.num_cached_tokens <> q.reconstructed_cached_tokens
+      AND q.finished_seq < coalesce(r.unknown_from_seq, q.finished_seq + 1)
 
     -- invariants -----------------------------------------------------------------------------
     UNION ALL
     SELECT e.run_id, 'harm_without_acceptance', 'violation', e.seq,
-           [v FOR v IN [e.seq, f.accepted_seq] IF v IS NOT NULL], e.claim_id, NULL,
-           e.block_hash,
+           [v FOR v IN [e.seq, f.accepted_seq] IF v IS NOT NULL], e.claim_id, e.claim_seq,
+           NULL, e.block_hash,
            format('claim_harmed for {} at seq {} but the claim was not accepted before it',
                   e.claim_id, e.seq)
-    FROM kv_claim_ev e
-    LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_id = e.claim_id
+    FROM kv_claim_refs e
+    LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
     WHERE e.event = 'claim_harmed' AND (f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
     UNION ALL
     SELECT run_id, 'loss_before_release', 'violation', seq, [seq, release_seq], claim_id,
-           by_request_id, block_hash,
+           claim_seq, by_request_id, block_hash,
            format('claim {} lost block {} at seq {} (harm) before its {} at seq {}',
                   claim_id, block_id, seq, release_event, release_seq)
     FROM loss_claims WHERE label = 'harm' AND release_seq IS NOT NULL AND seq < release_seq
     UNION ALL
     SELECT run_id, 'label_without_prior_release', 'violation', seq, [seq, decided_by_seq],
-           claim_id, by_request_id, block_hash,
+           claim_id, claim_seq, by_request_id, block_hash,
            format('loss at seq {} labelled {} without a release strictly before it',
                   seq, label)
     FROM loss_claims
@@ -104,25 +146,27 @@ WITH f AS (
       AND NOT (decided_by_seq IS NOT NULL AND decided_by_seq < seq)
     UNION ALL
     SELECT l.run_id, 'protected_block_lost', 'violation', l.seq,
-           [l.seq, l.accepted_seq], l.claim_id, l.by_request_id, l.block_hash,
+           [l.seq, l.accepted_seq], l.claim_id, l.claim_seq, l.by_request_id, l.block_hash,
            format('block {} (position {} of {} claim {}) was lost at seq {} while the claim '
                   'was in force under enforcing policy {}', l.block_id, l.position,
                   l.protection_mode, l.claim_id, l.seq, r.policy)
     FROM loss_claims l
     JOIN kv_runs r ON r.run_id = l.run_id
-    JOIN kv_claim_facts f ON f.run_id = l.run_id AND f.claim_id = l.claim_id
+    JOIN kv_claim_facts f ON f.run_id = l.run_id AND f.claim_seq = l.claim_seq
     WHERE f.pinned_mode AND l.label <> 'unknown'
       AND l.accepted_seq < l.seq AND (l.release_seq IS NULL OR l.release_seq > l.seq)
       AND l.position < l.threshold_blocks
     UNION ALL
-    SELECT run_id, 'infeasible_admission', 'violation', seq, [seq], NULL, request_id, NULL,
+    SELECT f.run_id, 'infeasible_admission', 'violation', f.seq, [f.seq], NULL, NULL,
+           f.request_id, NULL,
            format('request {} admitted at seq {} with protected {} + required {} > usable {} '
-                  'under enforcing policy {}', request_id, seq, protected_blocks,
-                  blocks_required, usable_blocks, policy)
-    FROM feasibility WHERE decision = 'admitted' AND enforcing AND NOT feasible
+                  '(rebuilt from the trace) under enforcing policy {}', f.request_id, f.seq,
+                  f.protected_blocks, f.required_blocks, f.usable_blocks, r.policy)
+    FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
+    WHERE f.event = 'request_admitted' AND r.enforcing AND NOT f.feasible
     UNION ALL
     SELECT e.run_id, 'refusal_without_blocking_claim', 'violation', e.seq, [e.seq], NULL,
-           e.request_id, NULL,
+           NULL, e.request_id, NULL,
            format('request {} refused at seq {} without naming a blocking claim',
                   e.request_id, e.seq)
     FROM events e
@@ -138,35 +182,50 @@ WITH f AS (
                 ELSE 'refusal_names_unprotected_claim' END,
            'violation', x.seq,
            [v FOR v IN [x.seq, f.accepted_seq, f.release_seq] IF v IS NOT NULL],
-           x.claim_id, x.request_id, NULL,
+           x.claim_id, x.claim_seq, x.request_id, NULL,
            format('request {} refused at seq {} naming claim {}, which is not an in-force, '
                   'materialized, protected claim there', x.request_id, x.seq, x.claim_id)
-    FROM (SELECT run_id, seq, request_id, unnest(blocking_claim_ids) AS claim_id
-          FROM events WHERE event = 'request_refused') x
-    LEFT JOIN kv_claim_facts f ON f.run_id = x.run_id AND f.claim_id = x.claim_id
-    LEFT JOIN kv_materialized m ON m.run_id = x.run_id AND m.claim_id = x.claim_id
+    FROM (SELECT run_id, seq, request_id, claim_id, claim_seq
+          FROM kv_claim_refs WHERE event = 'request_refused') x
+    LEFT JOIN kv_claim_facts f ON f.run_id = x.run_id AND f.claim_seq = x.claim_seq
+    LEFT JOIN kv_materialized m ON m.run_id = x.run_id AND m.claim_seq = x.claim_seq
     WHERE f.claim_id IS NULL OR f.submitted_seq IS NULL
        OR f.accepted_seq IS NULL OR f.accepted_seq > x.seq OR f.release_seq < x.seq
        OR m.materialized_seq IS NULL OR m.materialized_seq > x.seq
        OR NOT f.pinned_mode
 
+    -- security ------------------------------------------------------------------------------
+    UNION ALL
+    -- a release asked for by someone who does not own the claim, refused by the arbiter:
+    -- shown because it is an attempt to strip another tenant's protection (issue 8 item 8)
+    SELECT x.run_id, 'claim_release_refused', 'security', x.seq, [x.seq], x.claim_id,
+           x.claim_seq, x.request_id, NULL,
+           format('a release of claim {} (tenant {}) was refused at seq {}: asked by {} '
+                  '(request {}){}', x.claim_id, coalesce(f.tenant, '?'), x.seq,
+                  CASE WHEN x.tenant IS NULL THEN 'no tenant' ELSE 'tenant ' || x.tenant END,
+                  coalesce(x.request_id, '?'),
+                  CASE WHEN x.reason IS NULL THEN '' ELSE ': ' || x.reason END)
+    FROM kv_claim_refs x
+    LEFT JOIN kv_claim_facts f ON f.run_id = x.run_id AND f.claim_seq = x.claim_seq
+    WHERE x.event = 'claim_release_refused'
+
     -- anomalies ------------------------------------------------------------------------------
     UNION ALL
-    SELECT l.run_id, 'evicted_unknown_content', 'anomaly', l.seq, [l.seq], NULL,
+    SELECT l.run_id, 'evicted_unknown_content', 'anomaly', l.seq, [l.seq], NULL, NULL,
            l.by_request_id, NULL,
            format('block {} evicted at seq {} without a hash and without a prior block_cached: '
                   'its label is unknown', l.block_id, l.seq)
     FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE l.block_hash IS NULL AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
-    SELECT l.run_id, 'evicted_block_not_resident', 'anomaly', l.seq, [l.seq], NULL,
+    SELECT l.run_id, 'evicted_block_not_resident', 'anomaly', l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.block_hash,
            format('block {} evicted at seq {} but it held no cached content', l.block_id, l.seq)
     FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE NOT l.was_resident AND l.block_hash IS NOT NULL
       AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
-    SELECT l.run_id, 'evicted_hash_mismatch', 'anomaly', l.seq, [l.seq], NULL,
+    SELECT l.run_id, 'evicted_hash_mismatch', 'anomaly', l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.reported_hash,
            format('block {} evicted at seq {} with hash {} but it held {}', l.block_id, l.seq,
                   l.reported_hash, l.held_hash)
@@ -175,7 +234,7 @@ WITH f AS (
       AND l.reported_hash <> l.held_hash
     UNION ALL
     SELECT c.run_id, 'block_overwritten', 'anomaly', c.end_seq, [c.start_seq, c.end_seq],
-           NULL, NULL, c.block_hash,
+           NULL, NULL, NULL, c.block_hash,
            format('block {} cached new content at seq {} without evicting what it held since '
                   'seq {}', c.block_id, c.end_seq, c.start_seq)
     FROM kv_copies c WHERE c.end_kind = 'overwritten'
@@ -183,20 +242,29 @@ WITH f AS (
     SELECT run_id, 'claim_never_submitted', 'anomaly',
            coalesce(accepted_seq, rejected_seq, release_seq, reported_harm_seq),
            [v FOR v IN [accepted_seq, rejected_seq, release_seq] IF v IS NOT NULL],
-           claim_id, NULL, NULL,
+           claim_id, claim_seq, NULL, NULL,
            format('claim {} appears in claim events but was never submitted: its state is '
                   'unknown', claim_id)
     FROM kv_claim_facts WHERE submitted_seq IS NULL
     UNION ALL
     SELECT f.run_id, 'claim_never_decided', 'anomaly', f.submitted_seq, [f.submitted_seq],
-           f.claim_id, f.request_id, NULL,
+           f.claim_id, f.claim_seq, f.request_id, NULL,
            format('claim {} was submitted at seq {} but never accepted or rejected',
                   f.claim_id, f.submitted_seq)
     FROM kv_claim_facts f JOIN kv_runs r USING (run_id)
     WHERE f.submitted_seq IS NOT NULL AND f.accepted_seq IS NULL AND f.rejected_seq IS NULL
       AND NOT r.has_hole
 )
-SELECT run_id, kind, severity, seq, seqs, claim_id, request_id, block_hash, detail
+SELECT f.run_id, f.kind, f.severity, f.seq, f.seqs, f.claim_id, f.claim_seq, f.request_id,
+       f.block_hash,
+       -- NOTE: fail-open: a violation or disagreement after a hook failure names it, so the
+       -- policy is not blamed for what a failed hook may have let through
+       CASE WHEN f.severity IN ('violation', 'disagreement') AND f.seq >= r.hook_failed_seq
+            THEN f.detail || format(' (after hook {} failed at seq {}: enforcement unknown)',
+                                    coalesce(r.hook_failed_hook, '?'), r.hook_failed_seq)
+            ELSE f.detail END AS detail
 FROM f
+LEFT JOIN kv_runs r ON r.run_id = f.run_id
 -- NOTE: block_hash and detail only break ties (e.g. several blocks lost at one reset)
-ORDER BY run_id, seq NULLS LAST, kind, claim_id, request_id, block_hash, detail;
+ORDER BY f.run_id, f.seq NULLS LAST, f.kind, f.claim_id, f.claim_seq, f.request_id,
+         f.block_hash, f.detail;

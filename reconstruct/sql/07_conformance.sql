@@ -1,12 +1,63 @@
--- Stage 7: conformance litmus L1..L7 and invariants (DESIGN §5), one row per run and check.
--- Each check yields: applicable, failed, the seqs that prove the verdict, and a detail line.
--- Verdict: fail if failed; else unknown if the run has a hole (a hidden event could change
--- it); else not_applicable / pass. Exact rules: docs/reconstruction.md "Conformance".
+-- Stage 7: conformance litmus L1..L7 and invariants, one row per run and check, and the
+-- lowering verdict of every protection mode, one row per run and mode.
+-- The rules (what each check needs, means, and how each verdict is decided) are
+-- docs/conformance.md; every verdict is computed from the trace, never hard-coded.
+--
+-- Verdict, first match:
+--   1. observed run (stock-vLLM listener) and the check needs in-engine evidence -> not_exercised
+--   2. failing evidence before the run's first hook_failed (or no hook failure) -> fail
+--   3. failing evidence only at/after the first hook_failed                     -> unknown
+--   4. the run has a hole (gap, seq hole, truncation)                           -> unknown
+--   5. the check judges enforcement, was exercised, and some of its
+--      evidence, or any enforcement event of the run, lies after the first
+--      hook_failed                                                             -> unknown
+--   6. the situation the check needs did not occur                              -> not_exercised
+--   7. otherwise                                                                -> pass
+-- NOTE: not_exercised is never a pass: a check passes only where its situation occurred.
+
+-- The checks: id, human title, the situation each needs, whether it needs in-engine evidence
+-- (else an observed run can exercise it) and whether it judges enforcement (then what follows
+-- a hook failure is unknown to it).
+-- NOTE: the one list of checks; the CLI and the dashboard read title/needs from `conformance`
+-- (or this table), docs/conformance.md lists the same ids (a test checks they agree).
+CREATE OR REPLACE TEMP TABLE kv_checks AS
+SELECT * FROM (VALUES
+    (1, 'L1', 'No accepted claim, no harm',
+     'a block loss not covered by a claim accepted before it, or a claim_harmed report',
+     false, false),
+    (2, 'L2', 'Write no-admit serves the active request, yet residents are still evicted',
+     'a write_no_admit run whose reuse-denied request was served while a resident block was '
+     'lost to pressure', true, true),
+    (3, 'L3', 'A hard claim turns infeasibility into a refusal that names it, and loses nothing',
+     'an accepted hard_protected claim under an enforcing policy facing an infeasible request',
+     true, true),
+    (4, 'L4', 'Demotion strictly precedes every later loss, which is relaxation, not harm',
+     'a demoted claim instance that later lost content', true, true),
+    (5, 'L5', 'Expiry strictly precedes every later loss, which is expiry, not harm',
+     'an expired claim instance that later lost content', false, true),
+    (6, 'L6', 'Surviving block count is not the predicate',
+     'a claim_materialized report, or an accepted claim whose leading positions were never '
+     'all resident', true, true),
+    (7, 'L7', 'The reconstruction equals what the runtime reported',
+     'a runtime report: claim_harmed, claim_materialized, a refusal, or a finished request '
+     'with num_cached_tokens', true, true),
+    (8, 'INV_no_harm_without_acceptance', 'No harm without acceptance',
+     'a harm, reported or reconstructed', false, false),
+    (9, 'INV_release_precedes_loss', 'A release strictly precedes its relaxation/expiry losses',
+     'a released, demoted or expired claim', false, false),
+    (10, 'INV_refusal_names_protected_claim',
+     'Every refusal names an in-force, materialized, protected claim', 'a request_refused',
+     true, true),
+    (11, 'INV_no_protected_loss',
+     'No block of an in-force protected claim is lost under an enforcing policy',
+     'an accepted claim of a pinning mode under an enforcing policy', true, true),
+    (12, 'INV_feasible_admission', 'Every admission is feasible under an enforcing policy',
+     'an admission under an enforcing policy', true, true)
+) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
 CREATE OR REPLACE TABLE conformance AS
 WITH fk AS (
-    SELECT run_id, kind, list(seq ORDER BY seq) AS seqs, count(*) AS n
-    FROM findings GROUP BY run_id, kind
+    SELECT run_id, kind, seq, claim_seq FROM findings
 ), fails AS (
     -- the finding kinds that fail each check
     SELECT * FROM (VALUES
@@ -15,11 +66,11 @@ WITH fk AS (
         ('L3', 'refusal_without_blocking_claim'), ('L3', 'refusal_names_unknown_claim'),
         ('L3', 'refusal_names_claim_not_in_force'), ('L3', 'refusal_names_unmaterialized_claim'),
         ('L3', 'refusal_names_unprotected_claim'),
-        ('L4', 'loss_before_release'), ('L5', 'loss_before_release'),
         ('L6', 'materialized_reported_predicate_false'),
         ('L7', 'harm_not_reported'), ('L7', 'harm_reported_not_reconstructed'),
         ('L7', 'harm_reported_before_loss'), ('L7', 'materialized_reported_predicate_false'),
         ('L7', 'materialization_not_reported'), ('L7', 'shortfall_mismatch'),
+        ('L7', 'cached_tokens_mismatch'),
         ('INV_no_harm_without_acceptance', 'harm_without_acceptance'),
         ('INV_release_precedes_loss', 'loss_before_release'),
         ('INV_release_precedes_loss', 'label_without_prior_release'),
@@ -31,11 +82,9 @@ WITH fk AS (
         ('INV_no_protected_loss', 'protected_block_lost'),
         ('INV_feasible_admission', 'infeasible_admission')
     ) t(check_name, kind)
-), failing AS (
-    SELECT f.check_name, k.run_id, flatten(list(k.seqs ORDER BY k.kind)) AS seqs,
-           string_agg(k.kind || ' x' || k.n, ', ' ORDER BY k.kind) AS kinds
+), finding_fails AS (
+    SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
     FROM fails f JOIN fk k ON k.kind = f.kind
-    GROUP BY f.check_name, k.run_id
 ), c AS (
     SELECT * FROM kv_claim_facts
 ), uncovered AS (
@@ -47,7 +96,7 @@ WITH fk AS (
                         AND x.accepted_seq < x.seq)
     GROUP BY l.run_id
 ), uncovered_harm AS (
-    SELECT l.run_id, count(*) AS n
+    SELECT l.run_id, list(l.seq ORDER BY l.seq) AS seqs
     FROM losses l
     WHERE l.label = 'harm'
       AND NOT EXISTS (SELECT 1 FROM loss_claims x
@@ -55,103 +104,179 @@ WITH fk AS (
                         AND x.block_id = l.block_id AND x.label = 'harm'
                         AND x.accepted_seq < x.seq)
     GROUP BY l.run_id
+), denied AS (
+    -- L2: each reuse-denied request, whether it was served, and the residents lost while it ran
+    SELECT q.run_id, q.request_id, q.reuse_denied_seq, q.finished_seq, q.refused_seq,
+           q.outcome IN ('served', 'deferred_then_served') AS served,
+           q.outcome NOT IN ('served', 'deferred_then_served', 'unknown') AS not_served,
+           (SELECT list(e.seq ORDER BY e.seq) FROM events e
+            WHERE e.run_id = q.run_id AND e.event = 'block_cached'
+              AND e.request_id = q.request_id AND e.seq > q.reuse_denied_seq) AS cached_after,
+           (SELECT list(l.seq ORDER BY l.seq) FROM losses l
+            WHERE l.run_id = q.run_id AND l.was_resident
+              AND (l.by_request_id = q.request_id
+                   OR (l.seq > q.reuse_denied_seq
+                       AND l.seq <= coalesce(q.finished_seq, q.refused_seq, l.seq)))) AS lost
+    FROM requests q WHERE q.reuse_denied
+), hard_conflicts AS (
+    -- L3: an infeasible request facing an accepted hard claim in force: the runtime's own
+    -- deferral/refusal naming it, or an admission/deferral the trace shows infeasible while
+    -- the hard claim held protected blocks
+    SELECT x.run_id, x.seq, x.event, c.claim_seq
+    FROM kv_claim_refs x JOIN c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
+    WHERE x.event IN ('request_deferred', 'request_refused')
+      AND c.protection_mode = 'hard_protected' AND c.accepted_seq < x.seq
+    UNION
+    SELECT f.run_id, f.seq, f.event, c.claim_seq
+    FROM feasibility f
+    JOIN c ON c.run_id = f.run_id AND list_contains(f.protected_claim_seqs, c.claim_seq)
+    WHERE NOT f.feasible AND c.protection_mode = 'hard_protected'
+), released AS (
+    -- L4 / L5: the losses of each demoted (expired) instance after its release
+    SELECT c.run_id, c.claim_seq, c.release_event, c.release_seq, c.ttl_s,
+           c.expired_ts_ns, c.accepted_ts_ns,
+           list(x.seq ORDER BY x.seq) FILTER (WHERE x.seq > c.release_seq) AS later_losses,
+           count(x.seq) FILTER (WHERE x.seq > c.release_seq AND x.label = 'relaxation')
+               AS n_relaxation,
+           count(x.seq) FILTER (WHERE x.seq > c.release_seq AND x.label = 'expiry')
+               AS n_expiry,
+           count(x.seq) FILTER (WHERE x.seq > c.release_seq
+                                  AND x.label NOT IN ('relaxation', 'expiry')) AS n_other,
+           list(x.seq ORDER BY x.seq) FILTER (WHERE x.label = 'harm') AS harm_seqs
+    FROM c
+    LEFT JOIN loss_claims x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
+    WHERE c.release_event IN ('claim_demoted', 'claim_expired')
+    GROUP BY ALL
+), cached AS (
+    -- L7: requests whose num_cached_tokens can be compared with the trace
+    SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
+    FROM requests
+    WHERE num_cached_tokens IS NOT NULL AND reconstructed_cached_tokens IS NOT NULL
+    GROUP BY run_id
+), last_enforcement AS (
+    -- the last event of each run that bears on enforcement: after a hook failure, a check
+    -- that needs in-engine evidence cannot pass if any of these follow it
+    SELECT run_id, max(seq) AS seq
+    FROM events
+    WHERE event IN ('block_evicted', 'cache_reset', 'request_admitted', 'request_deferred',
+                    'request_refused', 'request_preempted', 'reuse_denied', 'claim_accepted',
+                    'claim_rejected', 'claim_demoted', 'claim_expired', 'claim_released',
+                    'claim_harmed', 'claim_materialized')
+    GROUP BY run_id
 ), raw AS (
+    -- Each check: exercised (its situation occurred), extra failing seqs beyond findings,
+    -- the seqs that show what was exercised, and a detail line for a pass.
     -- L1: no accepted claim -> no harm -------------------------------------------------------
     SELECT r.run_id, 'L1' AS check_name,
            u.n IS NOT NULL
-           OR EXISTS (SELECT 1 FROM kv_claim_ev e WHERE e.run_id = r.run_id
-                      AND e.event = 'claim_harmed') AS applicable,
-           uh.n IS NOT NULL AS extra_fail,
+           OR EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
+                      AND e.event = 'claim_harmed') AS exercised,
+           uh.seqs AS fail_seqs,
            -- the 10 smallest seqs, ascending
            u.first_seqs AS pass_seqs,
-           format('{} losses without an accepted claim, none labelled harm', coalesce(u.n, 0))
-               AS pass_detail
+           format('{} loss(es) without an accepted claim, none labelled harm', coalesce(u.n, 0))
+               AS pass_detail,
+           NULL::BIGINT[] AS pass_claim_seqs
     FROM kv_runs r
     LEFT JOIN uncovered u ON u.run_id = r.run_id
     LEFT JOIN uncovered_harm uh ON uh.run_id = r.run_id
     UNION ALL
     -- L2: write no-admit serves the active request, yet residents are still evicted ----------
     SELECT r.run_id, 'L2',
-           EXISTS (SELECT 1 FROM requests q WHERE q.run_id = r.run_id AND q.reuse_denied),
-           EXISTS (SELECT 1 FROM requests q WHERE q.run_id = r.run_id AND q.reuse_denied
-                     AND (q.outcome NOT IN ('served', 'deferred_then_served', 'unknown')
-                          OR EXISTS (SELECT 1 FROM events e
-                                     WHERE e.run_id = q.run_id AND e.event = 'block_cached'
-                                       AND e.request_id = q.request_id
-                                       AND e.seq > q.reuse_denied_seq))),
-           (SELECT flatten(list([q.reuse_denied_seq, q.finished_seq]))
-            FROM requests q WHERE q.run_id = r.run_id AND q.reuse_denied),
-           (SELECT format('{} write-no-admit request(s) served; {} resident block(s) still '
-                          'evicted while they ran', count(*),
-                          (SELECT count(*) FROM losses l WHERE l.run_id = r.run_id
-                             AND l.by_request_id IN (SELECT request_id FROM requests q2
-                                                     WHERE q2.run_id = r.run_id
-                                                       AND q2.reuse_denied)))
-            FROM requests q WHERE q.run_id = r.run_id AND q.reuse_denied)
+           EXISTS (SELECT 1 FROM denied d WHERE d.run_id = r.run_id AND d.served
+                     AND len(coalesce(d.lost, [])) > 0),
+           (SELECT nullif(flatten(list(
+                       CASE WHEN d.not_served
+                            THEN [v FOR v IN [d.reuse_denied_seq, d.refused_seq, d.finished_seq]
+                                  IF v IS NOT NULL]
+                            ELSE []::BIGINT[] END || coalesce(d.cached_after, []::BIGINT[]))),
+                   []::BIGINT[])
+            FROM denied d WHERE d.run_id = r.run_id),
+           (SELECT flatten(list([d.reuse_denied_seq, d.finished_seq, d.lost[1]]))
+            FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0),
+           (SELECT format('{} write-no-admit request(s) served while {} resident block(s) were '
+                          'evicted', count(*), sum(len(d.lost)))
+            FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0),
+           NULL
     FROM kv_runs r
     UNION ALL
     -- L3: an accepted hard claim turns infeasibility into a refusal naming it; no block lost --
     SELECT r.run_id, 'L3',
-           r.enforcing AND EXISTS (SELECT 1 FROM c WHERE c.run_id = r.run_id
-                                   AND c.protection_mode = 'hard_protected'
-                                   AND c.accepted_seq IS NOT NULL),
-           EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                     AND x.protection_mode = 'hard_protected' AND x.outcome = 'harmed')
-           OR EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id AND NOT f.feasible
-                        AND f.decision IN ('deferred', 'refused')
-                        AND NOT EXISTS (
-                            SELECT 1 FROM c WHERE c.run_id = f.run_id
-                              AND c.protection_mode = 'hard_protected'
-                              AND list_contains(f.blocking_claim_ids, c.claim_id))),
-           (SELECT flatten(list([f.seq, c.accepted_seq])) FROM feasibility f
-            JOIN c ON c.run_id = f.run_id AND list_contains(f.blocking_claim_ids, c.claim_id)
-            WHERE f.run_id = r.run_id AND f.decision = 'refused'),
-           (SELECT format('{} refusal(s) naming the hard claim(s), shortfall {}; {} hard-claim '
-                          'block(s) lost', count(*), max(f.shortfall_blocks),
+           r.enforcing AND EXISTS (SELECT 1 FROM hard_conflicts h WHERE h.run_id = r.run_id),
+           CASE WHEN r.enforcing THEN nullif(
+               coalesce((SELECT list(x.first_harm_seq) FROM claims x WHERE x.run_id = r.run_id
+                           AND x.protection_mode = 'hard_protected' AND x.outcome = 'harmed'),
+                        []::BIGINT[])
+               || coalesce((SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
+                            WHERE f.run_id = r.run_id AND NOT f.feasible
+                              AND f.event IN ('request_deferred', 'request_refused')
+                              AND NOT EXISTS (
+                                  SELECT 1 FROM kv_claim_refs x JOIN c
+                                    ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
+                                  WHERE x.run_id = f.run_id AND x.seq = f.seq
+                                    AND c.protection_mode = 'hard_protected')),
+                           []::BIGINT[]), []::BIGINT[]) END,
+           (SELECT list(DISTINCT h.seq ORDER BY h.seq) FROM hard_conflicts h
+            WHERE h.run_id = r.run_id),
+           (SELECT format('{} infeasible decision(s) facing a hard claim: {} refusal(s), '
+                          '{} deferral(s) naming it; {} hard-claim block(s) lost',
+                          count(DISTINCT h.seq),
+                          count(DISTINCT h.seq) FILTER (WHERE h.event = 'request_refused'),
+                          count(DISTINCT h.seq) FILTER (WHERE h.event = 'request_deferred'),
                           (SELECT coalesce(sum(x.blocks_lost_harm + x.blocks_lost_eviction), 0)
                            FROM claims x WHERE x.run_id = r.run_id
                              AND x.protection_mode = 'hard_protected'))
-            FROM feasibility f WHERE f.run_id = r.run_id AND f.decision = 'refused')
+            FROM hard_conflicts h WHERE h.run_id = r.run_id),
+           (SELECT list(DISTINCT h.claim_seq) FROM hard_conflicts h WHERE h.run_id = r.run_id)
     FROM kv_runs r
     UNION ALL
-    -- L4 / L5: a demotion (expiry) strictly precedes every later loss: relaxation (expiry) ----
+    -- L4 / L5: a demotion (expiry) strictly precedes every later loss of that instance --------
     SELECT r.run_id, t.check_name,
-           EXISTS (SELECT 1 FROM c WHERE c.run_id = r.run_id AND c.release_event = t.ev),
-           EXISTS (SELECT 1 FROM loss_claims x JOIN c ON c.run_id = x.run_id
-                     AND c.claim_id = x.claim_id
-                   WHERE x.run_id = r.run_id AND c.release_event = t.ev AND x.label = 'harm')
-           OR (t.ev = 'claim_expired' AND EXISTS (
-                SELECT 1 FROM c WHERE c.run_id = r.run_id AND c.release_event = t.ev
-                  AND c.ttl_s IS NOT NULL
-                  AND c.expired_ts_ns < c.accepted_ts_ns + CAST(c.ttl_s * 1e9 AS BIGINT))),
-           (SELECT flatten(list([c.release_seq, (SELECT min(x.seq) FROM loss_claims x
-                                               WHERE x.run_id = c.run_id
-                                                 AND x.claim_id = c.claim_id
-                                                 AND x.label = t.label)]))
-            FROM c WHERE c.run_id = r.run_id AND c.release_event = t.ev),
-           (SELECT format('{} {} claim(s); {} later loss(es) labelled {}, none harm', count(*),
-                          t.ev, (SELECT count(*) FROM loss_claims x WHERE x.run_id = r.run_id
-                                   AND x.label = t.label), t.label)
-            FROM c WHERE c.run_id = r.run_id AND c.release_event = t.ev)
+           EXISTS (SELECT 1 FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
+                     AND len(coalesce(x.later_losses, [])) > 0),
+           nullif(coalesce((SELECT flatten(list(coalesce(x.harm_seqs, []::BIGINT[])
+                                               || CASE WHEN t.ev = 'claim_expired'
+                                                        AND x.ttl_s IS NOT NULL
+                                                        AND x.expired_ts_ns < x.accepted_ts_ns
+                                                            + CAST(x.ttl_s * 1e9 AS BIGINT)
+                                                       THEN [x.release_seq]
+                                                       ELSE []::BIGINT[] END))
+                            FROM released x WHERE x.run_id = r.run_id
+                              AND x.release_event = t.ev), []::BIGINT[]), []::BIGINT[]),
+           (SELECT flatten(list([x.release_seq, x.later_losses[1]]))
+            FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
+              AND len(coalesce(x.later_losses, [])) > 0),
+           (SELECT format('{} {} claim instance(s) later lost {} block(s): {} labelled {}, {} '
+                          'otherwise, none harm', count(*), t.ev,
+                          sum(len(x.later_losses)),
+                          sum(CASE WHEN t.ev = 'claim_expired' THEN x.n_expiry
+                                   ELSE x.n_relaxation END), t.label, sum(x.n_other))
+            FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
+              AND len(coalesce(x.later_losses, [])) > 0),
+           (SELECT list(x.claim_seq) FROM released x WHERE x.run_id = r.run_id
+              AND x.release_event = t.ev AND len(coalesce(x.later_losses, [])) > 0)
     FROM kv_runs r,
          (VALUES ('L4', 'claim_demoted', 'relaxation'),
                  ('L5', 'claim_expired', 'expiry')) t(check_name, ev, label)
     UNION ALL
     -- L6: surviving block count is not the predicate ----------------------------------------
     SELECT r.run_id, 'L6',
-           EXISTS (SELECT 1 FROM kv_claim_ev e WHERE e.run_id = r.run_id
+           EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
                      AND e.event = 'claim_materialized')
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
                         AND x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL),
-           EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                     AND x.materialized_seq IS NULL AND x.reported_harm_seq IS NOT NULL),
+           (SELECT nullif(list(x.reported_harm_seq), []::BIGINT[]) FROM claims x
+            WHERE x.run_id = r.run_id
+              AND x.materialized_seq IS NULL AND x.reported_harm_seq IS NOT NULL),
            (SELECT flatten(list([v FOR v IN [x.accepted_seq, x.materialized_seq,
                                              x.reported_materialized_seq] IF v IS NOT NULL]))
             FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL),
-           (SELECT format('{} accepted claim(s): {} materialized (all leading positions '
-                          'resident), {} never', count(*), count(x.materialized_seq),
+           (SELECT format('{} accepted claim instance(s): {} materialized (all leading '
+                          'positions resident), {} never', count(*), count(x.materialized_seq),
                           count(*) - count(x.materialized_seq))
-            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL)
+            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL),
+           (SELECT list(x.claim_seq) FROM claims x
+            WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
     -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
@@ -159,79 +284,229 @@ WITH fk AS (
            EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id
                      AND e.event IN ('claim_harmed', 'claim_materialized', 'request_refused'))
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                        AND x.outcome = 'harmed'),
-           false,
-           (SELECT flatten(list([v FOR v IN [x.first_harm_seq, x.reported_harm_seq,
-                                             x.materialized_seq, x.reported_materialized_seq]
-                                 IF v IS NOT NULL]))
-            FROM claims x WHERE x.run_id = r.run_id),
-           'every runtime report (claim_harmed, claim_materialized, refusals) agrees with the '
-           'reconstruction, in order'
-    FROM kv_runs r
+                        AND x.outcome = 'harmed')
+           OR ch.n IS NOT NULL,
+           NULL,
+           coalesce((SELECT flatten(list([v FOR v IN [x.first_harm_seq, x.reported_harm_seq,
+                                                      x.materialized_seq,
+                                                      x.reported_materialized_seq]
+                                          IF v IS NOT NULL]))
+                     FROM claims x WHERE x.run_id = r.run_id), []::BIGINT[])
+           || coalesce(ch.seqs, []::BIGINT[]),
+           format('every runtime report (claim_harmed, claim_materialized, refusals) agrees with '
+                  'the reconstruction, in order; {} request(s): vLLM''s num_cached_tokens equals '
+                  'the prefix hit in the trace', coalesce(ch.n, 0)),
+           (SELECT list(x.claim_seq) FROM claims x WHERE x.run_id = r.run_id
+              AND (x.reported_harm_seq IS NOT NULL OR x.reported_materialized_seq IS NOT NULL
+                   OR x.outcome = 'harmed'))
+    FROM kv_runs r LEFT JOIN cached ch ON ch.run_id = r.run_id
     UNION ALL
     -- invariants ------------------------------------------------------------------------------
     SELECT r.run_id, 'INV_no_harm_without_acceptance',
-           EXISTS (SELECT 1 FROM kv_claim_ev e WHERE e.run_id = r.run_id
+           EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
                      AND e.event = 'claim_harmed')
            OR EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
                         AND x.label = 'harm'),
-           false, NULL, 'every harm (reported or reconstructed) follows its claim''s acceptance'
+           NULL,
+           (SELECT list(x.seq ORDER BY x.seq) FROM kv_claim_refs x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_harmed'),
+           'every harm (reported or reconstructed) follows its claim''s acceptance',
+           (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_harmed')
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_release_precedes_loss',
            EXISTS (SELECT 1 FROM c WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL),
-           false,
+           NULL,
            (SELECT list(c.release_seq ORDER BY c.release_seq) FROM c
             WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL),
-           'every relaxation/expiry loss is strictly after its release; no harm before it'
+           'every relaxation/expiry loss is strictly after its release; no harm before it',
+           (SELECT list(c.claim_seq) FROM c
+            WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_refusal_names_protected_claim',
-           EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                     AND f.decision = 'refused'),
-           false,
-           (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
-            WHERE f.run_id = r.run_id AND f.decision = 'refused'),
-           'every refusal names in-force, materialized, protected claims'
+           EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id
+                     AND e.event = 'request_refused'),
+           NULL,
+           (SELECT list(e.seq ORDER BY e.seq) FROM events e
+            WHERE e.run_id = r.run_id AND e.event = 'request_refused'),
+           'every refusal names in-force, materialized, protected claims',
+           (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
+            WHERE x.run_id = r.run_id AND x.event = 'request_refused')
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_no_protected_loss',
            EXISTS (SELECT 1 FROM c WHERE c.run_id = r.run_id AND c.pinned_mode
                      AND c.accepted_seq IS NOT NULL),
-           false, NULL,
-           'no block of an in-force protected claim is lost under an enforcing policy'
+           NULL,
+           (SELECT list(c.accepted_seq ORDER BY c.accepted_seq) FROM c
+            WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL),
+           'no block of an in-force protected claim is lost under an enforcing policy',
+           (SELECT list(c.claim_seq) FROM c
+            WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_feasible_admission',
            r.enforcing AND EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                                     AND f.decision = 'admitted'),
-           false,
+                                     AND f.event = 'request_admitted'),
            NULL,
-           'protected + required <= usable at every admission under an enforcing policy'
+           (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
+            WHERE f.run_id = r.run_id AND f.event = 'request_admitted'),
+           'protected + required <= usable (rebuilt from the trace) at every admission under '
+           'an enforcing policy',
+           NULL
     FROM kv_runs r
+), judged AS (
+    SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
+           r.has_hole,
+           r.unknown_from_seq, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
+           le.seq AS last_enforcement_seq,
+           -- every failing seq: the failing findings' seqs and the check's own
+           list_sort(list_distinct(
+               coalesce((SELECT list(ff.seq) FROM finding_fails ff
+                         WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+                           AND ff.seq IS NOT NULL), []::BIGINT[])
+               || coalesce(raw.fail_seqs, []::BIGINT[]))) AS all_fail_seqs,
+           (SELECT list(DISTINCT ff.claim_seq) FROM finding_fails ff
+            WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+              AND ff.claim_seq IS NOT NULL) AS fail_claim_seqs,
+           (SELECT string_agg(kind || ' x' || n, ', ' ORDER BY kind) FROM (
+                SELECT ff.kind, count(*) AS n FROM finding_fails ff
+                WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+                GROUP BY ff.kind)) AS fail_kinds,
+           EXISTS (SELECT 1 FROM finding_fails ff
+                   WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name)
+           OR len(coalesce(raw.fail_seqs, []::BIGINT[])) > 0 AS failing
+    FROM raw
+    JOIN kv_checks k ON k."check" = raw.check_name
+    JOIN kv_runs r ON r.run_id = raw.run_id
+    LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
+), decided AS (
+    SELECT j.*,
+           format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
+                  coalesce(j.hook_failed_hook, '?'), j.hook_failed_seq,
+                  coalesce(j.hook_failed_error, 'unknown error')) AS hook_note,
+           CASE
+               WHEN j.evidence = 'observed' AND j.needs_engine THEN 'observed'
+               WHEN j.failing AND (j.hook_failed_seq IS NULL
+                                   OR list_min(j.all_fail_seqs) < j.hook_failed_seq
+                                   -- a failing condition without a seq is not after the hook
+                                   OR len(j.all_fail_seqs) = 0) THEN 'fail'
+               WHEN j.failing THEN 'fail_after_hook'
+               WHEN j.has_hole THEN 'hole'
+               WHEN j.judges_enforcement AND j.exercised AND j.hook_failed_seq IS NOT NULL
+                    AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
+                         OR j.last_enforcement_seq > j.hook_failed_seq)
+                   THEN 'after_hook'
+               WHEN NOT j.exercised THEN 'not_exercised'
+               ELSE 'pass'
+           END AS why
+    FROM judged j
 )
 SELECT
-    raw.run_id, raw.check_name AS "check",
-    CASE
-        WHEN fl.run_id IS NOT NULL OR (raw.applicable AND raw.extra_fail) THEN 'fail'
-        WHEN r.has_hole THEN 'unknown'
-        WHEN NOT raw.applicable THEN 'not_applicable'
-        ELSE 'pass'
-    END AS verdict,
-    CASE WHEN fl.run_id IS NOT NULL OR (raw.applicable AND raw.extra_fail)
-         THEN coalesce(fl.seqs, raw.pass_seqs) ELSE coalesce(raw.pass_seqs, []::BIGINT[])
+    d.run_id, d.check_name AS "check", d.title,
+    CASE d.why WHEN 'observed' THEN 'not_exercised' WHEN 'fail' THEN 'fail'
+               WHEN 'fail_after_hook' THEN 'unknown' WHEN 'hole' THEN 'unknown'
+               WHEN 'after_hook' THEN 'unknown' WHEN 'not_exercised' THEN 'not_exercised'
+               ELSE 'pass' END AS verdict,
+    CASE WHEN d.why IN ('fail', 'fail_after_hook') THEN d.all_fail_seqs
+         WHEN d.why = 'after_hook' THEN [d.hook_failed_seq]
+         WHEN d.why IN ('observed', 'not_exercised') THEN []::BIGINT[]
+         ELSE coalesce(d.pass_seqs, []::BIGINT[])
     END AS evidence_seqs,
-    CASE WHEN fl.run_id IS NOT NULL THEN 'failing findings: ' || fl.kinds
-         WHEN raw.applicable AND raw.extra_fail
-             THEN 'the trace contradicts the rule (see evidence seqs)'
-         WHEN r.has_hole AND raw.applicable
-             THEN 'no violation seen, but the run has a hole from seq '
-                  || coalesce(r.unknown_from_seq::VARCHAR, 'its truncation')
-         WHEN r.has_hole THEN 'not applicable to the events held, but the run has a hole'
-         WHEN NOT raw.applicable THEN 'not applicable'
-         ELSE coalesce(raw.pass_detail, 'no violation') END AS detail
-FROM raw
-JOIN kv_runs r ON r.run_id = raw.run_id
-LEFT JOIN failing fl ON fl.run_id = raw.run_id AND fl.check_name = raw.check_name
-ORDER BY raw.run_id,
-         CASE WHEN raw.check_name LIKE 'L%' THEN 0 ELSE 1 END, raw.check_name;
+    CASE d.why
+        WHEN 'observed' THEN 'not exercised: an observed run (stock-vLLM listener) holds no '
+                             'in-engine requests, admissions or arbiter decisions; this check '
+                             'needs ' || d.needs
+        WHEN 'fail' THEN coalesce('failing findings: ' || d.fail_kinds
+                                  || CASE WHEN len(coalesce(d.fail_seqs, [])) > 0
+                                          THEN '; and the trace contradicts the rule '
+                                               || '(see evidence seqs)' ELSE '' END,
+                                  'the trace contradicts the rule (see evidence seqs)')
+        WHEN 'fail_after_hook' THEN d.hook_note || '; the failing evidence lies after it'
+        WHEN 'hole' THEN CASE WHEN d.exercised
+                              THEN 'no violation seen, but the run has a hole from seq '
+                              ELSE 'not exercised in the events held, but the run has a hole '
+                                   || 'from seq ' END
+                         || coalesce(d.unknown_from_seq::VARCHAR, 'its truncation')
+        WHEN 'after_hook' THEN d.hook_note || '; evidence this check judges lies after it'
+        WHEN 'not_exercised' THEN 'not exercised: needs ' || d.needs
+        ELSE coalesce(d.pass_detail, 'no violation')
+             || CASE WHEN d.hook_failed_seq IS NOT NULL
+                     THEN ' (' || d.hook_note || '; all evidence precedes it)' ELSE '' END
+    END AS detail,
+    d.needs,
+    -- the claim instances the evidence is about: (claim_id, claim_seq), by claim_seq
+    coalesce((SELECT list({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}
+                          ORDER BY f.claim_seq)
+              FROM kv_claim_facts f
+              WHERE f.run_id = d.run_id
+                AND list_contains(CASE WHEN d.why IN ('fail', 'fail_after_hook')
+                                           THEN d.fail_claim_seqs
+                                       WHEN d.why IN ('pass', 'hole', 'after_hook')
+                                           THEN d.pass_claim_seqs END, f.claim_seq)),
+             []) AS evidence_claims
+FROM decided d
+ORDER BY d.run_id, d.ord;
+
+-- What the runtime does with each protection mode (issue 8 item 3): enforced | approximated |
+-- rejected | recorded only, with evidence. From the manifest's `lowering` section when it has
+-- the mode (source 'manifest'); else derived (source 'policy'): the trace's own decisions on
+-- that mode first (a rejection, an acceptance of a mode nothing can keep), then the run
+-- policy and recorder/policies.py's per-mode verdicts (kv_modes). Rules: docs/conformance.md
+-- "Lowering".
+CREATE OR REPLACE TABLE lowering AS
+WITH mode_ev AS (
+    SELECT f.run_id, f.protection_mode AS mode,
+           min(f.rejected_seq) FILTER (WHERE f.accepted_seq IS NULL) AS rejected_seq,
+           arg_min(f.reject_reason, f.rejected_seq) FILTER (WHERE f.accepted_seq IS NULL)
+               AS reject_reason,
+           min(f.accepted_seq) AS accepted_seq
+    FROM kv_claim_facts f
+    WHERE f.protection_mode IS NOT NULL
+    GROUP BY ALL
+), derived AS (
+    SELECT r.run_id, m.mode,
+           CASE
+               -- offload to a lower tier is implemented nowhere in this runtime
+               WHEN m.mode = 'offloadable' AND e.accepted_seq IS NOT NULL THEN 'recorded only'
+               WHEN m.mode = 'offloadable' AND e.rejected_seq IS NOT NULL THEN 'rejected'
+               WHEN m.mode = 'offloadable' AND coalesce(r.schema_version, 1) >= 2 THEN 'rejected'
+               WHEN m.mode = 'offloadable' THEN 'recorded only'
+               -- a mode the recorder rejects is rejected under every policy (fail-closed)
+               WHEN m.enforced_verdict = 'rejected' THEN 'rejected'
+               WHEN NOT r.enforcing THEN 'recorded only'
+               WHEN m.enforced_verdict IS NOT NULL THEN m.enforced_verdict
+               WHEN m.mode = 'best_effort' THEN 'recorded only'
+               ELSE 'enforced'
+           END AS verdict,
+           CASE
+               WHEN m.mode = 'offloadable' AND e.accepted_seq IS NOT NULL
+                   THEN format('an offloadable claim was accepted at seq {}, but offload is not '
+                               'implemented: its blocks are ordinary cache entries',
+                               e.accepted_seq)
+               WHEN m.mode = 'offloadable' AND e.rejected_seq IS NOT NULL
+                   THEN format('an offloadable claim was rejected at seq {}: {}', e.rejected_seq,
+                               coalesce(e.reject_reason, '?'))
+               WHEN m.mode = 'offloadable' AND coalesce(r.schema_version, 1) >= 2
+                   THEN 'the schema-2 recorder rejects offloadable at submission (offload is '
+                        'not implemented); no such claim in this run'
+               WHEN m.mode = 'offloadable' THEN m.enforcement
+               WHEN m.enforced_verdict = 'rejected' THEN m.enforcement
+               WHEN NOT r.enforcing
+                   THEN format('policy {} enforces no claim: claims are recorded and judged, '
+                               'never enforced', coalesce(r.policy, '(unknown)'))
+               ELSE format('policy {}: {}', r.policy, m.enforcement)
+           END AS evidence
+    FROM kv_runs r
+    CROSS JOIN kv_modes m
+    LEFT JOIN mode_ev e ON e.run_id = r.run_id AND e.mode = m.mode
+)
+SELECT d.run_id, d.mode,
+       coalesce(ml.verdict, d.verdict) AS verdict,
+       CASE WHEN ml.verdict IS NOT NULL THEN ml.evidence ELSE d.evidence END AS evidence,
+       CASE WHEN ml.verdict IS NOT NULL THEN 'manifest' ELSE 'policy' END AS source
+FROM derived d
+LEFT JOIN kv_manifest_lowering ml ON ml.run_id = d.run_id AND ml.mode = d.mode
+ORDER BY d.run_id, list_position((SELECT list(mode) FROM kv_modes), d.mode);
