@@ -480,6 +480,9 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     nm = 0
     l_judged = 0
     zero = np.uint64(0)
+    S0 = np.zeros(4, dtype=np.int64)          # the pool at the start of the current step
+    SI0 = np.empty(16, dtype=np.int64)        # claim instances protecting blocks then
+    ns0 = 0
     for i in range(n):
         e = ev[i]
         s = seq[i]
@@ -509,7 +512,22 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         W = _grow(W, nw, 1)
         M = _grow(M, nm, C[C_NDIRTY] + 1)
         A = _grow(A, na, 1)
-        AL = _grow1(AL, nal, C[C_RESN] + 1)
+        AL = _grow1(AL, nal, max(C[C_RESN], ns0) + 1)
+        if step_ok[i] and (i == 0 or (not step_ok[i - 1]) or step[i - 1] != step[i]):
+            # NOTE: an admission decision is judged against the pool as its scheduler step
+            # found it: vLLM allocates (and evicts) for a request before the decision is
+            # recorded, so the state at the decision's own seq already holds its effects
+            S0[0] = C[C_PROTECTED]
+            S0[1] = C[C_CACHED]
+            S0[2] = C[C_EVICTABLE]
+            S0[3] = C[C_HELD]
+            SI0 = _grow1(SI0, 0, C[C_RESN] + 1)
+            ns0 = 0
+            for j in range(C[C_RESN]):
+                inst = resl[j]
+                if IS[inst, I_OK] > 0:
+                    SI0[ns0] = inst
+                    ns0 += 1
 
         if e == EV_CACHED or e == EV_HIT:
             b = bidx[i]
@@ -639,16 +657,25 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         elif e == EV_ADMISSION:
             A[na, A_SEQ] = s
             A[na, A_ROW] = i
-            A[na, A_PROT] = C[C_PROTECTED]
-            A[na, A_CACHED] = C[C_CACHED]
-            A[na, A_EVICTABLE] = C[C_EVICTABLE]
-            A[na, A_HELD] = C[C_HELD]
             A[na, A_L0] = nal
-            for j in range(C[C_RESN]):
-                inst = resl[j]
-                if IS[inst, I_OK] > 0:
-                    AL[nal] = inst
+            if step_ok[i]:  # the step's starting pool (see above)
+                A[na, A_PROT] = S0[0]
+                A[na, A_CACHED] = S0[1]
+                A[na, A_EVICTABLE] = S0[2]
+                A[na, A_HELD] = S0[3]
+                for j in range(ns0):
+                    AL[nal] = SI0[j]
                     nal += 1
+            else:  # stepless traces: the pool at the decision's seq
+                A[na, A_PROT] = C[C_PROTECTED]
+                A[na, A_CACHED] = C[C_CACHED]
+                A[na, A_EVICTABLE] = C[C_EVICTABLE]
+                A[na, A_HELD] = C[C_HELD]
+                for j in range(C[C_RESN]):
+                    inst = resl[j]
+                    if IS[inst, I_OK] > 0:
+                        AL[nal] = inst
+                        nal += 1
             A[na, A_L1] = nal
             na += 1
 

@@ -5,12 +5,15 @@
 -- protected_blocks: distinct cached blocks bound (a current binding, position < k) to claim
 --   instances in force whose mode promises residency (recorder.schema.RESIDENCY_MODES), from
 --   the labelling pass's snapshot (kv_admission_state), whatever the runtime did with them.
--- required_blocks: the request's blocks not hit in the cache: its block_allocated events of
---   that admission (the decision itself if admitted, else the request's next admission; from
---   the admission to the request's next lifecycle event, in the admission's scheduler step
---   when the trace has steps). A request never admitted, or an admission with neither an
---   allocation nor a hit in the trace: its prompt's blocks, ceil(num_prompt_tokens /
---   block_size) (no hit can be credited without evidence).
+--   NOTE: with scheduler steps, the snapshot is the pool as the decision's step found it
+--   (vLLM allocates, and evicts, for a request before it records the decision).
+-- required_blocks: the request's blocks not hit in the cache: its prompt's blocks,
+--   ceil(num_prompt_tokens / block_size), less its block_hit events of that admission (the
+--   decision itself if admitted, else the request's next admission; in the admission's
+--   scheduler step when the trace has steps, else up to the request's next lifecycle event).
+--   NOTE: not the step's allocations: chunked prefill allocates a long prompt over several
+--   steps. Without the prompt's size in the trace: the admission's allocations; without
+--   either, NULL (no hit is credited without evidence).
 -- feasible: protected + required <= usable (docs/design.md, "Feasibility").
 -- The runtime's own figures stay beside them (runtime_*); agrees: both verdicts are equal.
 
@@ -55,7 +58,8 @@ WITH adm AS (
 )
 -- NOTE: an admission with neither an allocation nor a hit in the trace has no evidence of its
 -- blocks: NULL here, so feasibility falls back to the prompt's blocks (never a guessed 0)
-SELECT a.run_id, a.request_id, a.adm_seq, CASE WHEN c.n_blocks > 0 THEN c.n END AS allocated
+SELECT a.run_id, a.request_id, a.adm_seq, CASE WHEN c.n_blocks > 0 THEN c.n END AS allocated,
+       coalesce(c.n_blocks - c.n, 0) AS hits
 FROM adm a
 LEFT JOIN per_step c
   ON c.run_id = a.run_id AND c.request_id = a.request_id AND c.step = a.adm_step
@@ -64,7 +68,9 @@ UNION ALL
 SELECT a.run_id, a.request_id, a.adm_seq,
        CASE WHEN count(x.seq) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end) > 0
             THEN count(x.seq) FILTER (WHERE (a.adm_end IS NULL OR x.seq < a.adm_end)
-                                        AND x.event = 'block_allocated') END AS allocated
+                                        AND x.event = 'block_allocated') END AS allocated,
+       count(x.seq) FILTER (WHERE (a.adm_end IS NULL OR x.seq < a.adm_end)
+                              AND x.event = 'block_hit') AS hits
 FROM adm_stepless a
 LEFT JOIN alloc_stepless x
   ON x.run_id = a.run_id AND x.request_id = a.request_id AND x.adm_seq = a.adm_seq
@@ -80,7 +86,7 @@ WITH prompt AS (
     SELECT run_id, arg_min(block_size, seq) AS block_size
     FROM events WHERE event = 'run_started' GROUP BY run_id
 ), later AS (
-    SELECT d.run_id, d.seq, a.allocated
+    SELECT d.run_id, d.seq, a.allocated, a.hits
     FROM (SELECT * FROM kv_decisions
           WHERE event IN ('request_deferred', 'request_preempted')) d
     ASOF JOIN kv_admission_allocs a
@@ -89,9 +95,10 @@ WITH prompt AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
            s.protected_blocks,
-           coalesce(a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END,
-                    CASE WHEN d.event <> 'request_preempted' AND b.block_size > 0
-                         THEN ceil(p.num_prompt_tokens / b.block_size)::BIGINT END)
+           coalesce(
+               greatest(0, ceil(p.num_prompt_tokens / NULLIF(b.block_size, 0))::BIGINT
+                           - coalesce(a.hits, CASE WHEN a.adm_seq IS NULL THEN l.hits END, 0)),
+               a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END)
                AS required_blocks,
            d.protected_blocks AS runtime_protected_blocks,
            d.blocks_required AS runtime_required_blocks,
