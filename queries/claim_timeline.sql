@@ -5,24 +5,25 @@
 -- its `claim_submitted`; later events with that claim_id belong to the latest instance (events
 -- before any submit: from the id's first claim event). Needs `events` and `loss_claims`.
 CREATE OR REPLACE VIEW claim_timeline AS
-WITH starts AS (
-    -- NOTE: the same rule as the reconstruction's claim_seq: a submit starts an instance;
-    -- events of an id before any submit belong to the id's first claim event
-    SELECT run_id, claim_id, seq AS claim_seq
-    FROM events WHERE event = 'claim_submitted' AND claim_id IS NOT NULL
-    UNION
-    SELECT run_id, claim_id, min(seq)
-    FROM events WHERE claim_id IS NOT NULL AND event LIKE 'claim_%'
-    GROUP BY run_id, claim_id
-), rows AS (
-    SELECT run_id, claim_id, seq, ts_ns, ts, 'event' AS kind, event AS what, NULL AS label,
-           NULL::INTEGER AS block_id, position, request_id, tenant, protection_mode,
-           released_by, reason, by_request_id
+WITH claim_events AS (
+    SELECT run_id, claim_id, seq, ts_ns, ts, event, position, request_id, tenant,
+           protection_mode, released_by, reason, by_request_id,
+           -- NOTE: the reconstruction's claim_seq rule, as a window (portable SQL, no ASOF):
+           -- the latest submit at or before this event, else the id's first claim event
+           coalesce(max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
+                        PARTITION BY run_id, claim_id ORDER BY seq
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+                    min(seq) OVER (PARTITION BY run_id, claim_id)) AS claim_seq
     FROM events
     WHERE claim_id IS NOT NULL AND event LIKE 'claim_%'
+), rows AS (
+    SELECT run_id, claim_id, claim_seq, seq, ts_ns, ts, 'event' AS kind, event AS what,
+           CAST(NULL AS VARCHAR) AS label, CAST(NULL AS INTEGER) AS block_id, position,
+           request_id, tenant, protection_mode, released_by, reason, by_request_id
+    FROM claim_events
     UNION ALL
-    SELECT run_id, claim_id, seq, ts_ns, ts, 'loss', 'block_lost', label, block_id, position,
-           NULL, tenant, protection_mode, NULL, NULL, by_request_id
+    SELECT run_id, claim_id, claim_seq, seq, ts_ns, ts, 'loss', 'block_lost', label, block_id,
+           position, NULL, tenant, protection_mode, NULL, NULL, by_request_id
     FROM loss_claims
 )
 SELECT
@@ -31,7 +32,7 @@ SELECT
     -- the claim's id as declared
     r.claim_id,
     -- the claim instance: seq of its claim_submitted (or of the id's first event)
-    s.claim_seq,
+    r.claim_seq,
     -- seq of this event or loss
     r.seq,
     -- time (ns, the recorder's monotonic clock)
@@ -61,5 +62,4 @@ SELECT
     -- the request whose allocation caused the loss or the demotion
     r.by_request_id
 FROM rows r
-ASOF JOIN starts s ON s.run_id = r.run_id AND s.claim_id = r.claim_id AND r.seq >= s.claim_seq
-ORDER BY r.run_id, r.claim_id, s.claim_seq, r.seq, r.kind DESC, r.block_id NULLS FIRST;
+ORDER BY r.run_id, r.claim_id, r.claim_seq, r.seq, r.kind DESC, r.block_id NULLS FIRST;

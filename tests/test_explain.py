@@ -20,6 +20,7 @@ from tests.test_queries import check_golden
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI = REPO / "traces" / "multi_tenant"
+NATIVE_80 = REPO / "traces" / "sweep-resident60_active70" / "resident60_active70-native-80"
 FIX = REPO / "tests" / "fixtures"
 GOLDEN = REPO / "tests" / "golden" / "explain"
 FORMATS = ("text", "md", "html", "json")
@@ -120,11 +121,11 @@ def test_a_refusal_is_explained_in_capacity_terms() -> None:
 def test_a_harm_is_explained_in_capacity_terms_with_utc(tmp_path: Path) -> None:
     from tests.test_facade import _with_clock
 
-    run = _with_clock(MULTI, tmp_path / "run")
+    run = _with_clock(NATIVE_80, tmp_path / "run")
     with kvclaims.open([run]) as a:
         harmed = a.sql("SELECT tenant, first_harm_seq FROM claims WHERE outcome = 'harmed' "
                        "ORDER BY first_harm_seq LIMIT 1").fetchall()
-        assert harmed, "the shipped multi_tenant trace has a harmed claim"
+        assert harmed, "the shipped native-80 trace has a harmed claim"
         tenant, seq = harmed[0]
         text = explain(a, tenant).to_text()
     assert re.search(rf"at \d\d:\d\d:\d\d\.\d{{3}} UTC \(seq {seq}\) \d+ of your \d+ "
@@ -134,8 +135,19 @@ def test_a_harm_is_explained_in_capacity_terms_with_utc(tmp_path: Path) -> None:
     assert "no clock" not in text
 
 
-def test_without_a_clock_the_explanation_says_so(audit) -> None:
-    assert "no clock" in explain(audit, "tenant-d").clock
+def test_without_a_clock_the_explanation_says_so(tmp_path: Path) -> None:
+    from tests.test_facade import _copy
+
+    run = _copy(MULTI, tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["clock"] = None  # as an import without a clock writes it
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with kvclaims.open([run]) as a:
+        assert "no clock" in explain(a, "tenant-d").clock
+
+
+def test_with_a_clock_the_explanation_gives_utc(audit) -> None:
+    assert "no clock" not in explain(audit, "tenant-d").clock
 
 
 def test_tenants_by_harm_starts_with_the_most_harmed(audit) -> None:

@@ -210,7 +210,12 @@ def test_every_label_carries_its_evidence() -> None:
 def test_missing_harm_report_is_a_finding() -> None:
     events = [e for e in shapes.SHAPES["unenforced_60_70_80"]() if e["event"] != "claim_harmed"]
     t = core.reconstruct(_table(events))
-    assert [r[0] for r in rows(t, "SELECT kind FROM findings")] == ["harm_not_reported"]
+    assert ("harm_not_reported",) in rows(t, "SELECT kind FROM findings")
+
+
+def test_reported_harm_is_no_finding_of_a_missing_report() -> None:
+    t = core.reconstruct(_table(shapes.SHAPES["unenforced_60_70_80"]()))
+    assert ("harm_not_reported",) not in rows(t, "SELECT kind FROM findings")
 
 
 def test_removed_event_without_gap_is_a_seq_hole_and_unknown() -> None:
@@ -232,11 +237,11 @@ def _table(events: list[dict], renumber: bool = True) -> pa.Table:
 
 # -- CLI ---------------------------------------------------------------------------------------
 
-def test_cli_reconstruct_writes_six_parquet_tables(tmp_path: Path, capsys) -> None:
+def test_cli_reconstruct_writes_every_table_as_parquet(tmp_path: Path, capsys) -> None:
     assert main(["reconstruct", str(FIX / "native_60_70_80.jsonl"), "--out",
                  str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{n}.parquet" for n in core.TABLE_NAMES)
+        f"{n}.parquet" for n in set(core.TABLE_NAMES) | set(core.VERDICT_TABLES))
     assert pq.read_table(tmp_path / "losses.parquet").num_rows == 50
 
 
