@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", dest="keyword", help="pytest -k expression")
     ap.add_argument("--jobs", type=int, default=3, help="sides run at once")
     ap.add_argument("--logs", type=Path, help="keep each side's pytest output here")
+    ap.add_argument("--save", type=Path, help="write each side's outcomes here as SIDE.json")
     args = ap.parse_args(argv)
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or sides[0] != "vllm":
@@ -295,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        for r in results:
+            (args.save / f"{r.side}.json").write_text(json.dumps(asdict(r), indent=1))
     print(f"vLLM {vllm_version()} tests {' '.join(args.tests)}; recorder from "
           f"{results[-1].recorder_file or '-'}")
     print(table(results))
