@@ -35,6 +35,37 @@ import pyarrow.compute as pc
 
 from recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
 
+
+def _shield_llvmlite() -> None:
+    """Let a vLLM engine start in a process that has imported numba.
+
+    NOTE: vLLM 0.32's kernel dispatcher scans every module's namespace and calls
+    ``vars(obj).get("kernel")`` on each object; llvmlite's ``ffi.lib`` duck-types a ctypes
+    CDLL but, unlike CDLL, answers dunder names too (``__dict__`` becomes a C-function
+    wrapper), so an engine started after this module was imported (a sweep, the test suite)
+    fails with ``'_lib_fn_wrapper' object has no attribute 'get'``. Dunder names raise
+    AttributeError, as ctypes.CDLL's own ``__getattr__`` does; llvmlite never looks one up.
+    """
+    try:
+        from llvmlite.binding import ffi
+    except ImportError:  # numba without llvmlite's binding: nothing to shield
+        return
+    cls = type(ffi.lib)
+    original = cls.__getattr__
+    if getattr(original, "_kvclaims_shield", False):
+        return
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return original(self, name)
+
+    __getattr__._kvclaims_shield = True  # type: ignore[attr-defined]
+    cls.__getattr__ = __getattr__
+
+
+_shield_llvmlite()
+
 # -- vocabulary as integer codes ----------------------------------------------------------------
 
 EV_OTHER, EV_CACHED, EV_HIT, EV_EVICTED, EV_RESET, EV_ALLOC, EV_FREED = 0, 1, 2, 3, 4, 5, 6

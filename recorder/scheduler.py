@@ -96,6 +96,11 @@ class KVClaimsMixin:
     block_size: int
     requests: dict[str, Any]
 
+    # NOTE: False until kvc_setup has run. A scheduler built without __init__ (vLLM's own
+    # tests build one with object.__new__ and set its attributes by hand) is plain vLLM:
+    # every override below passes straight through.
+    kvc_ready: bool = False
+
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
         self.kvc_setup(vllm_config)
@@ -142,6 +147,7 @@ class KVClaimsMixin:
             lookup=lambda key: hooks.cached_blocks(pool, key),
             max_protected_blocks_per_tenant=limit, emit_many=self.kvc_emit_many)
         hooks.install(self)
+        self.kvc_ready = True
         logger.info("kvclaims: recording run %s (policy %s, %s) to %s", self.kvc_run_id,
                     policy.name, type(self).__name__, out)
 
@@ -204,7 +210,7 @@ class KVClaimsMixin:
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Any) -> None:
-        if request.request_id not in self.requests:
+        if self.kvc_ready and request.request_id not in self.requests:
             self.kvc_safely(self.kvc_on_arrival, request)
         super().add_request(request)  # type: ignore[misc]
 
@@ -297,6 +303,8 @@ class KVClaimsMixin:
 
     # ----------------------------------------------------------------- scheduler steps
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.kvc_ready:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
         if self.kvc_events is not None:
             self.kvc_safely(self.kvc_events.advance_step)
         if self.kvc_arbiter.has_deadlines:
@@ -306,7 +314,7 @@ class KVClaimsMixin:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output)
-        if self.kvc_to_refuse:
+        if self.kvc_ready and self.kvc_to_refuse:
             self.kvc_finish_refused(outputs)
         return outputs
 
@@ -323,7 +331,8 @@ class KVClaimsMixin:
         self.kvc_to_refuse.clear()
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self.kvc_safely(self.kvc_on_preempt, request)
+        if self.kvc_ready:
+            self.kvc_safely(self.kvc_on_preempt, request)
         return super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def kvc_on_preempt(self, request: Any) -> None:
@@ -336,7 +345,8 @@ class KVClaimsMixin:
                       blocking_claim_ids=arbiter.blocking_claim_ids())
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self.kvc_safely(self.kvc_on_finish, request)
+        if self.kvc_ready:
+            self.kvc_safely(self.kvc_on_finish, request)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def kvc_on_finish(self, request: Any) -> None:
@@ -356,7 +366,7 @@ class KVClaimsMixin:
         try:
             super().shutdown()  # type: ignore[misc]
         finally:
-            if self.kvc_events is not None:
+            if self.kvc_ready and self.kvc_events is not None:
                 self.kvc_events.close()
 
 
