@@ -261,25 +261,37 @@ def page_tenants(audit: data.Audit) -> None:
     if not expl.sections:
         st.success(f"Nothing to explain to {_md(tenant)}: no claim and no refused, deferred "
                    "or preempted request.")
-    for s in expl.sections:
+    # incidents (harmed claims, refused or preempted requests) open, first; the rest folded
+    incidents = [s for s in expl.sections if s.outcome in data.INCIDENT_OUTCOMES]
+    others = [s for s in expl.sections if s.outcome not in data.INCIDENT_OUTCOMES]
+    for s in incidents:
         st.markdown(f"**{_md(s.title)}**")
-        box = st.warning if s.outcome in ("harmed", "refused", "preempted") else st.info
-        box(_md(" · ".join(data.explanation_lines(s))))
-        timeline = pd.DataFrame([{"utc": m.utc, "seq": m.seq, "what": m.text}
-                                 for m in s.timeline], columns=["utc", "seq", "what"])
-        if timeline["utc"].isna().all():
-            timeline = timeline.drop(columns="utc")
-        st.dataframe(timeline, hide_index=True, width="stretch",
-                     column_config={"what": st.column_config.TextColumn(width="large")})
-        for w in s.why:
-            st.markdown(f"- {_md(w)}")
-        for p in s.prevention:
-            st.caption(f"Would have prevented it: {_md(p)}")
+        _explanation_section(s, st.warning)
+    for s in others:
+        with st.expander(_md(s.title)):
+            _explanation_section(s, st.info)
     _source("kvclaims.explaining.explain (claims, requests, loss_claims, feasibility, "
             "lowering)")
     st.markdown(f"**Every claim of {_md(tenant)}**")
     st.dataframe(data.tenant_claims(audit, tenant), hide_index=True, width="stretch")
     _source("claims")
+
+
+def _explanation_section(s, box) -> None:
+    """One section of a tenant's explanation, every trace string escaped or in a table."""
+    box(_md(" · ".join(data.explanation_lines(s))))
+    for w in s.why:
+        st.markdown(f"- {_md(w)}")
+    for p in s.prevention:
+        st.caption(f"Would have prevented it: {_md(p)}")
+    timeline = pd.DataFrame([{"utc": m.utc, "seq": m.seq, "what": m.text}
+                             for m in s.timeline], columns=["utc", "seq", "what"])
+    if timeline["utc"].isna().all():
+        timeline = timeline.drop(columns="utc")
+    st.dataframe(timeline, hide_index=True, width="stretch",
+                 column_config={"utc": st.column_config.TextColumn("UTC", width="small"),
+                                "seq": st.column_config.NumberColumn(width="small"),
+                                "what": st.column_config.TextColumn(width="large")})
 
 
 def page_conformance(audit: data.Audit) -> None:

@@ -845,6 +845,11 @@ def explanation(source: Source, tenant: str) -> Any:
         return a._explained[tenant]
 
 
+#: Section outcomes a tenant page opens first (the rest are folded).
+INCIDENT_OUTCOMES: Final[frozenset[str]] = frozenset(
+    {"harmed", "unknown", "refused", "preempted"})
+
+
 def explanation_headline(expl: Any) -> str:
     """The explanation's one-line headline (as its text and HTML renderings start)."""
     return expl._headline()  # NOTE: the explaining module's own wording, not a copy

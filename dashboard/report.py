@@ -217,7 +217,7 @@ def explanation_html(expl: Any) -> str:
     prevented it. Every value escaped."""
     out = [f"<h3>{_e(expl.tenant)}</h3>", f"<p>{_e(data.explanation_headline(expl))}</p>"]
     for s in expl.sections:
-        cls = "harm" if s.outcome in ("harmed", "refused", "preempted") else ""
+        cls = "harm" if s.outcome in data.INCIDENT_OUTCOMES else ""
         out.append(f"<h4 class='{cls}'>{_e(s.title)}</h4><ul>")
         out += [f"<li>{_e(line)}</li>" for line in data.explanation_lines(s)]
         out += [f"<li>{_e(w)}</li>" for w in s.why]
