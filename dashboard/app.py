@@ -138,9 +138,11 @@ def page_timeline(audit: data.Audit) -> None:
     order = head.sort_values(["lost_harm", "refused"], ascending=False, kind="stable")
     run_id = st.selectbox("Run", order["run_id"].tolist(), key="timeline_run")
     harmed = data.harmed_claims(audit, run_id)
-    claim = None
+    claim_seq = claim = None
     if harmed:
-        claim = st.selectbox("Harmed claim", [c for _, c in harmed], key="timeline_claim")
+        claim_seq = st.selectbox("Harmed claim", [q for _, q in harmed], key="timeline_claim",
+                                 format_func=lambda q: data.claim_label(audit, run_id, q))
+        claim = data.claim_label(audit, run_id, claim_seq)
     occ = data.occupancy(audit, run_id)
     cols = st.columns(4)
     cols[0].metric("usable blocks", data.usable_blocks(audit, run_id) or "-")
@@ -157,17 +159,17 @@ def page_timeline(audit: data.Audit) -> None:
                "requests / cached, unreferenced (evictable) / free; dashed: usable blocks; "
                "ticks above: every loss by label. Lanes: claim states and losses, request "
                f"states and end marks; {clock}.")
-    if claim is not None:
+    if claim_seq is not None:
         st.markdown(f"**Who evicted {_md(claim)}'s blocks as harm, and why they were "
                     "admitted**")
-        ev = data.harm_evictors(audit, run_id, claim)
+        ev = data.harm_evictors(audit, run_id, claim_seq)
         for r in ev.itertuples(index=False):
             who = "no tenant" if pd.isna(r.tenant) else r.tenant
             st.markdown(f"- **{_md(r.request_id)}** ({_md(who)}) evicted {r.harm_blocks} of "
                         f"its blocks from seq {r.first_seq}: {_md(r.why)}")
         st.dataframe(ev.drop(columns="why"), hide_index=True, width="stretch")
-        tenant = audit.tables["claims"].query("run_id == @run_id and claim_id == @claim")[
-            "tenant"]
+        tenant = audit.tables["claims"].query(
+            "run_id == @run_id and claim_seq == @claim_seq")["tenant"]
         if len(tenant) and not pd.isna(tenant.iloc[0]):
             st.button("Open this tenant's explanation", key="to_tenant", on_click=_go,
                       args=("Tenants",), kwargs={"tenant": tenant.iloc[0]})
@@ -186,11 +188,12 @@ def page_claims(audit: data.Audit) -> None:
         st.info("No claims in these runs.")
         return
     st.subheader("Claim timeline")
-    key = st.selectbox("Claim", keys, format_func=lambda k: f"{k[1]}  ·  {k[0]}", key="claim")
-    run_id, claim_id = key
-    lifecycle = data.claim_lifecycle(audit, run_id, claim_id)
-    losses = data.claim_losses(audit, run_id, claim_id)
-    row = outcomes[(outcomes["run_id"] == run_id) & (outcomes["claim_id"] == claim_id)].iloc[0]
+    key = st.selectbox("Claim", keys, key="claim", format_func=lambda k: (
+        f"{data.claim_label(audit, k[0], k[1])}  ·  {k[0]}"))
+    run_id, claim_seq = key
+    lifecycle = data.claim_lifecycle(audit, run_id, claim_seq)
+    losses = data.claim_losses(audit, run_id, claim_seq)
+    row = outcomes[(outcomes["run_id"] == run_id) & (outcomes["claim_seq"] == claim_seq)].iloc[0]
     bound = row["bound_blocks"]
     cols = st.columns(6)
     cols[0].metric("outcome", str(row["outcome"]))
@@ -243,23 +246,52 @@ def page_tenants(audit: data.Audit) -> None:
     st.subheader("Tenant explanations")
     names = data.tenants(audit)
     if not names:
-        st.info("No tenant declared a claim in these runs.")
+        st.info("No tenant declared a claim or sent a request in these runs.")
         return
     if st.session_state.get("tenant") not in names:
         st.session_state["tenant"] = names[0]  # the tenant with the most harm
     tenant = st.selectbox("Tenant (most harm first)", names, key="tenant")
-    rows = data.explain_tenant(audit, tenant)
-    if rows.empty:
-        st.success(f"Nothing to explain to {_md(tenant)}: none of its claims lost blocks "
-                   "after harm, a demotion, a release or an expiry.")
-    for r in rows.itertuples(index=False):
-        st.markdown(f"**{_md(r.claim_id)}** — {_md(r.outcome)} — run {_md(r.run_id)}")
-        (st.warning if r.outcome == "harmed" else st.info)(_md(r.explanation))
-        st.caption(f"evidence seqs: {_md(r.evidence_seqs)}")
-    _source("tenant_explanations")
+    expl = data.explanation(audit, tenant)
+    # NOTE: the explanation is rendered from its sections through ``_md`` (every markdown
+    # character escaped) and tables, never as its own markdown: its text quotes trace strings.
+    st.markdown(_md(data.explanation_headline(expl)))
+    st.caption(_md(expl.clock))
+    st.download_button("Download this explanation (HTML, for a ticket)", expl.to_html(),
+                       file_name="explanation.html", mime="text/html", key="explain_html")
+    if not expl.sections:
+        st.success(f"Nothing to explain to {_md(tenant)}: no claim and no refused, deferred "
+                   "or preempted request.")
+    # incidents (harmed claims, refused or preempted requests) open, first; the rest folded
+    incidents = [s for s in expl.sections if s.outcome in data.INCIDENT_OUTCOMES]
+    others = [s for s in expl.sections if s.outcome not in data.INCIDENT_OUTCOMES]
+    for s in incidents:
+        st.markdown(f"**{_md(s.title)}**")
+        _explanation_section(s, st.warning)
+    for s in others:
+        with st.expander(_md(s.title)):
+            _explanation_section(s, st.info)
+    _source("kvclaims.explaining.explain (claims, requests, loss_claims, feasibility, "
+            "lowering)")
     st.markdown(f"**Every claim of {_md(tenant)}**")
     st.dataframe(data.tenant_claims(audit, tenant), hide_index=True, width="stretch")
-    _source("claim_outcomes")
+    _source("claims")
+
+
+def _explanation_section(s, box) -> None:
+    """One section of a tenant's explanation, every trace string escaped or in a table."""
+    box(_md(" · ".join(data.explanation_lines(s))))
+    for w in s.why:
+        st.markdown(f"- {_md(w)}")
+    for p in s.prevention:
+        st.caption(f"Would have prevented it: {_md(p)}")
+    timeline = pd.DataFrame([{"utc": m.utc, "seq": m.seq, "what": m.text}
+                             for m in s.timeline], columns=["utc", "seq", "what"])
+    if timeline["utc"].isna().all():
+        timeline = timeline.drop(columns="utc")
+    st.dataframe(timeline, hide_index=True, width="stretch",
+                 column_config={"utc": st.column_config.TextColumn("UTC", width="small"),
+                                "seq": st.column_config.NumberColumn(width="small"),
+                                "what": st.column_config.TextColumn(width="large")})
 
 
 def page_conformance(audit: data.Audit) -> None:
@@ -283,23 +315,31 @@ def page_conformance(audit: data.Audit) -> None:
                   "harm them)." if harm else "."))
     matrix = data.conformance_matrix(audit)
     checks = [c for c in matrix.columns if c != "run_id"]
+    titles = data.check_titles(audit)
     st.dataframe(matrix.style.map(_verdict_style, subset=checks), hide_index=True,
                  width="stretch", height=_height(len(matrix), 30),
                  column_config={"run_id": st.column_config.TextColumn("run", width="medium"),
                                 **{c: st.column_config.TextColumn(
                                     c.removeprefix("INV_"), width="small",
-                                    help=data.CHECK_TITLES.get(c)) for c in checks}})
+                                    help=titles.get(c)) for c in checks}})
     run_id = st.selectbox("Run", audit.run_ids, key="conformance_run")
     table = data.conformance(audit, run_id)[["check", "title", "verdict", "evidence_seqs",
-                                             "detail"]]
+                                             "detail", "needs"]]
     st.dataframe(table.style.map(_verdict_style, subset=["verdict"]), hide_index=True,
                  width="stretch", height=_height(len(table)),
                  column_config={"check": st.column_config.TextColumn(width="small"),
                                 "title": st.column_config.TextColumn(width="medium"),
                                 "verdict": st.column_config.TextColumn(width="small"),
                                 "evidence_seqs": st.column_config.TextColumn(width="small"),
-                                "detail": st.column_config.TextColumn(width="large")})
+                                "detail": st.column_config.TextColumn(width="large"),
+                                "needs": st.column_config.TextColumn(
+                                    "exercised by", width="medium")})
     _source("conformance")
+    st.subheader("Could the runtime honour each mode here?")
+    low = data.lowering(audit, run_id)
+    st.dataframe(low.drop(columns="run_id"), hide_index=True, width="stretch",
+                 column_config={"evidence": st.column_config.TextColumn(width="large")})
+    _source("lowering")
 
 
 PAGE_FUNCS = {"Overview": page_overview, "Timeline": page_timeline, "Claims": page_claims,

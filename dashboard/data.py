@@ -12,12 +12,16 @@ themselves (which reconstructs them)::
     from dashboard import data
     audit = data.load_audit(["traces/sweep-resident60_active70", "traces/multi_tenant"])
     data.capacity_sweep(audit)              # the capacity_sweep view, one row per run
-    data.tenant_explanations(audit, "tenant-d")
+    data.explanation(audit, "tenant-d").to_text()   # kvclaims.explaining.explain
+
+Claims are keyed by claim instance ``(run_id, claim_seq)`` (docs/design.md): a reused
+``claim_id`` names several instances, each its own row, lane and timeline.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +56,16 @@ LIFECYCLE_EVENTS: Final[tuple[str, ...]] = (
     "claim_demoted", "claim_expired", "claim_released", "claim_harmed")
 
 _VIEWS: Final[tuple[str, ...]] = (
-    "capacity_sweep", "claim_outcomes", "loss_labels", "pool_occupancy", "request_outcomes",
-    "tenant_explanations")
+    "capacity_sweep", "loss_labels", "pool_occupancy", "request_outcomes")
+#: claim_outcomes' columns, one row per claim instance: the documented view's columns plus
+#: the instance key and the positions it bound, read from ``claims`` (the view has no
+#: ``claim_seq``; NOTE: keep in step with queries/claim_outcomes.sql).
+_CLAIM_OUTCOMES_SQL: Final[str] = """
+    SELECT run_id, claim_id, claim_seq, tenant, protection_mode, outcome, value_lost,
+           first_harm_seq, first_harm_by_request_id, materialized_seq, release_seq,
+           blocks_lost_harm, blocks_lost_expiry, blocks_lost_relaxation, blocks_lost_eviction,
+           blocks_lost_unknown, positions_bound AS bound_blocks
+    FROM claims ORDER BY run_id, claim_seq"""
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,10 @@ class Audit:
     #: reconstructed tables and derived series: requests, feasibility, claims,
     #: losses_by_label, losses, occupancy (see ``load_audit``)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    #: the open audit facade (``kvclaims.open``) the explanations are built from
+    facade: Any = None
+    _explained: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def run_ids(self) -> list[str]:
@@ -175,20 +191,26 @@ def load_audit(paths: Sequence[PathLike],
         findings = con.sql("SELECT * REPLACE (block_hash::VARCHAR AS block_hash) FROM findings "
                            "ORDER BY run_id, seq NULLS LAST, kind").df()
         conformance = con.sql("SELECT * FROM conformance ORDER BY run_id").df()
+        lowering = con.sql("SELECT * FROM lowering ORDER BY run_id, mode").df()
+        views["claim_outcomes"] = con.sql(_CLAIM_OUTCOMES_SQL).df().astype(
+            {"bound_blocks": "Int64"})
         lifecycle = ", ".join(f"'{e}'" for e in LIFECYCLE_EVENTS)
+        # NOTE: an event names the latest instance of its claim_id at or before it (the
+        # instance rule); ASOF picks the claims row with the greatest claim_seq <= seq.
         claim_events = con.sql(f"""
-            SELECT run_id, claim_id, seq, ts_ns, event, request_id, tenant, protection_mode,
-                   reason, by_request_id, block_hash::VARCHAR AS block_hash
-            FROM events WHERE claim_id IS NOT NULL AND event IN ({lifecycle})
-            ORDER BY run_id, claim_id, seq""").df()
-        bound = con.sql("""
-            SELECT run_id, claim_id, count(DISTINCT position) AS bound_blocks FROM events
-            WHERE event = 'claim_bound' GROUP BY ALL""").df()
+            SELECT e.run_id, e.claim_id, c.claim_seq, e.seq, e.ts_ns, e.event, e.request_id,
+                   e.tenant, e.protection_mode, e.reason, e.by_request_id,
+                   e.block_hash::VARCHAR AS block_hash
+            FROM (SELECT * FROM events WHERE claim_id IS NOT NULL
+                  AND event IN ({lifecycle})) e
+            ASOF LEFT JOIN (SELECT run_id, claim_id, claim_seq FROM claims) c
+              ON c.run_id = e.run_id AND c.claim_id = e.claim_id AND e.seq >= c.claim_seq
+            ORDER BY e.run_id, c.claim_seq, e.seq""").df()
         claim_losses = con.sql("""
-            SELECT run_id, claim_id, seq, ts_ns, position, label, block_id,
+            SELECT run_id, claim_id, claim_seq, seq, ts_ns, position, label, block_id,
                    block_hash::VARCHAR AS block_hash, by_request_id, decided_by_seq,
                    breaks_predicate, broken_seq
-            FROM loss_claims ORDER BY run_id, claim_id, seq, position""").df()
+            FROM loss_claims ORDER BY run_id, claim_seq, seq, position""").df()
         tables = {
             "requests": con.sql("""
                 SELECT r.*, a.first_alloc_seq FROM requests r LEFT JOIN (
@@ -203,14 +225,16 @@ def load_audit(paths: Sequence[PathLike],
                 SELECT run_id, seq, ts_ns, label, by_request_id, cause FROM losses
                 ORDER BY run_id, seq""").df(),
             "occupancy": _occupancy(con, runs),
+            "lowering": lowering,
         }
-    finally:
+    except BaseException:
         con.close()
-    views["claim_outcomes"] = views["claim_outcomes"].merge(
-        bound, on=["run_id", "claim_id"], how="left").astype({"bound_blocks": "Int64"})
+        raise
+    # NOTE: the facade stays open: tenant explanations are built from it on demand
+    # (``explanation``), one tenant at a time, under the audit's lock.
     return Audit(paths=tuple(str(p) for p in paths), runs=runs, views=views, findings=findings,
                  conformance=conformance, claim_events=claim_events, claim_losses=claim_losses,
-                 truncations=tuple(trace.truncations), tables=tables)
+                 truncations=tuple(trace.truncations), tables=tables, facade=trace)
 
 
 def natural_key(text: Any) -> tuple[Any, ...]:
@@ -260,25 +284,27 @@ WITH be AS (
            coalesce(lead(seq) OVER (PARTITION BY run_id, block_id ORDER BY seq),
                     9223372036854775807) AS c_to
     FROM be WHERE cset
-), bind AS (
-    SELECT run_id, claim_id, block_hash AS h, seq AS b_from,
-           coalesce(lead(seq) OVER (PARTITION BY run_id, claim_id, position ORDER BY seq),
-                    9223372036854775807) AS b_to
-    FROM events WHERE event = 'claim_bound'
+), bind AS (  -- per claim instance: the latest claims row with claim_seq <= the binding
+    SELECT b.run_id, c.claim_seq, b.block_hash AS h, b.seq AS b_from,
+           coalesce(lead(b.seq) OVER (PARTITION BY b.run_id, c.claim_seq, b.position
+                                      ORDER BY b.seq), 9223372036854775807) AS b_to
+    FROM (SELECT * FROM events WHERE event = 'claim_bound') b
+    ASOF JOIN (SELECT run_id, claim_id, claim_seq FROM claims) c
+      ON c.run_id = b.run_id AND c.claim_id = b.claim_id AND b.seq >= c.claim_seq
 ), run_modes AS (  -- each run's policy: does it enforce claims, and the default mode
     SELECT e.run_id, p.enforce, p.default_mode
     FROM events e JOIN (VALUES {policies}) p(policy, enforce, default_mode)
       ON p.policy = e.policy
     WHERE e.event = 'run_started'
 ), force AS (
-    SELECT c.run_id, c.claim_id, c.accepted_seq AS f_from,
+    SELECT c.run_id, c.claim_seq, c.accepted_seq AS f_from,
            coalesce(c.release_seq, 9223372036854775807) AS f_to
     FROM claims c JOIN run_modes m ON m.run_id = c.run_id
     WHERE m.enforce AND c.accepted_seq IS NOT NULL
       AND coalesce(c.protection_mode, m.default_mode) IN ({pinning})
 ), prot AS (  -- content hashes protected, per claim binding in force
     SELECT b.run_id, b.h, greatest(b.b_from, f.f_from) AS p_from, least(b.b_to, f.f_to) AS p_to
-    FROM bind b JOIN force f ON f.run_id = b.run_id AND f.claim_id = b.claim_id
+    FROM bind b JOIN force f ON f.run_id = b.run_id AND f.claim_seq = b.claim_seq
     WHERE greatest(b.b_from, f.f_from) < least(b.b_to, f.f_to)
 ), overlap AS (  -- a block is protected while its content overlaps a protected interval
     SELECT c.run_id, c.block_id, greatest(c.c_from, p.p_from) AS o_from,
@@ -378,12 +404,12 @@ def _isna(x: Any) -> bool:
 # -- Headline ------------------------------------------------------------------------------------
 
 #: Verdicts as the conformance page names them. NOTE: a check that nothing in the run exercised
-#: (``not_exercised``, formerly ``not_applicable``) is never shown or counted as a pass.
+#: (``not_exercised``) is never shown or counted as a pass.
 VERDICTS: Final[tuple[str, ...]] = ("fail", "unknown", "pass", "not_exercised")
 
 
 def _verdict(v: Any) -> str:
-    return "not_exercised" if v in ("not_applicable", "not_exercised") else str(v)
+    return str(v)
 
 
 def headline(source: Source) -> pd.DataFrame:
@@ -493,60 +519,81 @@ def sweep_series(source: Source, scenario: str | None = None) -> pd.DataFrame:
 
 #: claim_outcomes columns, decisive first.
 CLAIM_COLUMNS: Final[tuple[str, ...]] = (
-    "claim_id", "tenant", "outcome", "blocks_lost_harm", "value_lost", "run_id",
+    "claim_id", "tenant", "outcome", "blocks_lost_harm", "value_lost", "run_id", "claim_seq",
     "protection_mode", "blocks_lost_unknown", "blocks_lost_expiry", "blocks_lost_relaxation",
     "blocks_lost_eviction", "bound_blocks", "first_harm_seq", "first_harm_by_request_id",
     "materialized_seq", "release_seq")
 
 
 def claim_outcomes(source: Source) -> pd.DataFrame:
-    """The ``claim_outcomes`` view (one row per run and claim), plus ``bound_blocks``: how
-    many positions the claim bound (``claim_bound`` events); decisive columns first, harmed
-    claims (most harm) first."""
+    """The ``claim_outcomes`` columns, one row per claim instance ``(run_id, claim_seq)``,
+    plus ``bound_blocks``: how many positions the instance bound; decisive columns first,
+    harmed claims (most harm) first."""
     df = _audit(source).views["claim_outcomes"]
-    df = df.sort_values(["blocks_lost_harm", "run_id", "claim_id"], ascending=[False, True, True],
-                        kind="stable")
+    df = df.sort_values(["blocks_lost_harm", "run_id", "claim_seq"],
+                        ascending=[False, True, True], kind="stable")
     cols = [c for c in CLAIM_COLUMNS if c in df.columns]
     return df[cols + [c for c in df.columns if c not in cols]].reset_index(drop=True)
 
 
-def claim_keys(source: Source) -> list[tuple[str, str]]:
-    """Every ``(run_id, claim_id)``; claims that lost blocks first, then the others."""
+def claim_keys(source: Source) -> list[tuple[str, int]]:
+    """Every claim instance ``(run_id, claim_seq)``; those that lost blocks first."""
     df = claim_outcomes(source)
     lost = df[[c for c in df.columns if c.startswith("blocks_lost_")]].sum(axis=1) > 0
-    keyed = list(zip(df["run_id"], df["claim_id"]))
+    keyed = [(r, int(q)) for r, q in zip(df["run_id"], df["claim_seq"])]
     return [k for k, m in zip(keyed, lost) if m] + [k for k, m in zip(keyed, lost) if not m]
 
 
-def claim_lifecycle(source: Source, run_id: str, claim_id: str) -> pd.DataFrame:
-    """One claim's lifecycle events from ``events`` (submitted, accepted or rejected,
+def claim_instances(source: Source, run_id: str, claim_id: str) -> list[int]:
+    """The ``claim_seq`` of every instance of ``claim_id`` in a run, in order."""
+    df = _audit(source).views["claim_outcomes"]
+    df = df[(df["run_id"] == run_id) & (df["claim_id"] == claim_id)]
+    return sorted(int(q) for q in df["claim_seq"])
+
+
+def claim_label(source: Source, run_id: str, claim_seq: int) -> str:
+    """A claim instance as people read it: its claim_id, and ``#claim_seq`` when the id names
+    more than one instance in the run."""
+    df = _audit(source).views["claim_outcomes"]
+    df = df[df["run_id"] == run_id]
+    row = df[df["claim_seq"] == claim_seq]
+    if row.empty:
+        return f"#{claim_seq}"
+    cid = row["claim_id"].iloc[0]
+    return f"{cid} #{claim_seq}" if int((df["claim_id"] == cid).sum()) > 1 else str(cid)
+
+
+def claim_lifecycle(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
+    """One claim instance's lifecycle events from ``events`` (submitted, accepted or rejected,
     materialized as reported, demoted/expired/released, harmed as reported), by seq."""
     df = _audit(source).claim_events
-    return df[(df["run_id"] == run_id) & (df["claim_id"] == claim_id)].reset_index(drop=True)
+    return df[(df["run_id"] == run_id) & (df["claim_seq"] == claim_seq)].reset_index(drop=True)
 
 
-def claim_losses(source: Source, run_id: str, claim_id: str) -> pd.DataFrame:
-    """One claim's block losses from ``loss_claims``: seq, position in the claim, label
-    (harm | unknown | expiry | relaxation | eviction) and the evidence, by seq."""
+def claim_losses(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
+    """One claim instance's block losses from ``loss_claims``: seq, position in the claim,
+    label (harm | unknown | expiry | relaxation | eviction) and the evidence, by seq."""
     df = _audit(source).claim_losses
-    return df[(df["run_id"] == run_id) & (df["claim_id"] == claim_id)].reset_index(drop=True)
+    return df[(df["run_id"] == run_id) & (df["claim_seq"] == claim_seq)].reset_index(drop=True)
 
 
-def harmed_claims(source: Source, run_id: str | None = None) -> list[tuple[str, str]]:
-    """``(run_id, claim_id)`` of every claim that lost blocks as harm, most harm first."""
+def harmed_claims(source: Source, run_id: str | None = None) -> list[tuple[str, int]]:
+    """``(run_id, claim_seq)`` of every claim instance that lost blocks as harm, most harm
+    first."""
     df = claim_outcomes(source)
     df = df[df["blocks_lost_harm"] > 0]
     if run_id is not None:
         df = df[df["run_id"] == run_id]
-    return list(zip(df["run_id"], df["claim_id"]))
+    return [(r, int(q)) for r, q in zip(df["run_id"], df["claim_seq"])]
 
 
-def harm_evictors(source: Source, run_id: str, claim_id: str) -> pd.DataFrame:
-    """The requests whose allocations evicted a claim's blocks as harm, and why each was
-    admitted: its admission row of ``feasibility`` (demand, protected, usable, free, policy,
-    enforcing) and a plain sentence. One row per evicting request, most blocks first."""
+def harm_evictors(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
+    """The requests whose allocations evicted a claim instance's blocks as harm, and why each
+    was admitted: its admission row of ``feasibility`` (demand, protected, usable, free,
+    policy, enforcing) and a plain sentence. One row per evicting request, most blocks
+    first."""
     a = _audit(source)
-    lost = claim_losses(a, run_id, claim_id)
+    lost = claim_losses(a, run_id, claim_seq)
     lost = lost[lost["label"] == "harm"]
     if lost.empty:
         return pd.DataFrame(columns=["request_id", "tenant", "harm_blocks", "first_seq",
@@ -559,7 +606,7 @@ def harm_evictors(source: Source, run_id: str, claim_id: str) -> pd.DataFrame:
     feas = a.tables["feasibility"]
     feas = feas[(feas["run_id"] == run_id) & (feas["decision"] == "admitted")]
     feas = feas.drop_duplicates("request_id", keep="last")[
-        ["request_id", "seq", "blocks_required", "protected_blocks", "usable_blocks",
+        ["request_id", "seq", "required_blocks", "protected_blocks", "usable_blocks",
          "free_blocks", "feasible", "policy", "enforcing"]].rename(columns={"seq": "admitted_seq"})
     out = by.merge(req, on="request_id", how="left").merge(feas, on="request_id", how="left")
     out["why"] = [_why_admitted(r) for r in out.itertuples(index=False)]
@@ -572,12 +619,19 @@ def _why_admitted(r: Any) -> str:
     """Why a request that evicted claimed blocks was admitted, from its feasibility row."""
     if pd.isna(getattr(r, "admitted_seq", None)):
         return "no admission decision recorded for this request (unknown)"
-    need, prot, usable = int(r.blocks_required), int(r.protected_blocks), int(r.usable_blocks)
+    # NOTE: feasibility's rebuilt figures (the pool as the decision's scheduler step found
+    # it): required = prompt blocks less hits, protected = resident blocks of in-force
+    # residency claims, whatever the policy enforces.
+    if _na(r.required_blocks) or _na(r.protected_blocks) or _na(r.usable_blocks):
+        return (f"admitted at seq {int(r.admitted_seq)}; the trace lacks the figures to say "
+                "whether it fit (unknown)")
+    need, prot, usable = int(r.required_blocks), int(r.protected_blocks), int(r.usable_blocks)
     fits = "fits" if need + prot <= usable else "does not fit"
     if not bool(r.enforcing):
         return (f"admitted at seq {int(r.admitted_seq)}: policy {r.policy} does not enforce "
-                f"claims, so nothing protected the claim; it needed {need} blocks with {prot} "
-                f"protected of {usable} usable ({need} + {prot} {fits} in {usable}).")
+                f"claims, so nothing protected the claim; it needed {need} blocks while "
+                f"{prot} were claimed, of {usable} usable ({prot} + {need} {fits} in "
+                f"{usable}).")
     return (f"admitted at seq {int(r.admitted_seq)} under {r.policy}: {need} needed + {prot} "
             f"protected {fits} in {usable} usable; the claim's mode did not pin its blocks.")
 
@@ -681,8 +735,9 @@ def claim_lanes(source: Source, run_id: str) -> pd.DataFrame:
     after = {"claim_demoted": "demoted", "claim_expired": "expired",
              "claim_released": "released"}
     rows: list[dict[str, Any]] = []
-    for c in claims.itertuples(index=False):
-        lane, t = c.claim_id, c.tenant
+    reused = claims["claim_id"].duplicated(keep=False).tolist()
+    for c, dup in zip(claims.itertuples(index=False), reused):
+        lane, t = (f"{c.claim_id} #{c.claim_seq}" if dup else c.claim_id), c.tenant
         decided = _first(c.accepted_seq, c.rejected_seq)
         if decided is not None and not _na(c.submitted_seq):
             rows.append(_span(lane, t, "submitted", c.submitted_seq, decided))
@@ -706,11 +761,14 @@ def claim_lanes(source: Source, run_id: str) -> pd.DataFrame:
 
 
 def claim_loss_marks(source: Source, run_id: str) -> pd.DataFrame:
-    """Every claim's block losses as marks on its lane: ``lane, seq, label, blocks``."""
-    df = _audit(source).claim_losses
+    """Every claim instance's block losses as marks on its lane: ``lane, seq, label,
+    blocks`` (the lane named as ``claim_lanes`` names it)."""
+    a = _audit(source)
+    df = a.claim_losses
     df = df[df["run_id"] == run_id]
-    return (df.groupby(["claim_id", "seq", "label"]).size().rename("blocks").reset_index()
-            .rename(columns={"claim_id": "lane"}))
+    out = df.groupby(["claim_seq", "seq", "label"]).size().rename("blocks").reset_index()
+    out["lane"] = [claim_label(a, run_id, int(q)) for q in out["claim_seq"]]
+    return out[["lane", "seq", "label", "blocks"]]
 
 
 def _last_seq(a: Audit, run_id: str) -> int | None:
@@ -760,42 +818,57 @@ def loss_labels(source: Source) -> pd.DataFrame:
 # -- Tenant explanations -------------------------------------------------------------------------
 
 def tenants(source: Source) -> list[str]:
-    """Every tenant that declared a claim (``claim_outcomes``), the one with the most harm
-    first (blocks lost as harm, then value lost), then tenants with any explanation, then
-    the others, each group by name."""
+    """Every tenant with a claim or a request, the one with the most harm first (blocks lost
+    as harm, then value lost, then name): ``kvclaims.explaining.tenants_by_harm``."""
+    from kvclaims.explaining import tenants_by_harm
+
     a = _audit(source)
-    co = a.views["claim_outcomes"].dropna(subset=["tenant"])
-    harm = co.groupby("tenant")[["blocks_lost_harm", "value_lost"]].sum()
-    explained = set(a.views["tenant_explanations"]["tenant"].dropna())
-    return sorted(harm.index, key=lambda t: (-int(harm.loc[t, "blocks_lost_harm"]),
-                                             -float(harm.loc[t, "value_lost"] or 0),
-                                             t not in explained, natural_key(t)))
+    with a._lock:
+        return tenants_by_harm(a.facade)
 
 
-def explain_tenant(source: Source, tenant: str) -> pd.DataFrame:
-    """The tenant's explanation: one row per claim that lost blocks (``claim_id, outcome,
-    run_id, explanation, evidence_seqs``).
+def explanation(source: Source, tenant: str) -> Any:
+    """The tenant's post-incident explanation: ``kvclaims.explaining.explain`` (the one
+    implementation, shared with ``kvclaims explain``), an ``Explanation`` with
+    ``sections`` and ``to_html`` / ``to_markdown`` / ``to_text`` / ``to_json``.
 
-    NOTE: the one place the dashboard and the report get a tenant's explanation; it reads
-    the ``tenant_explanations`` view today and switches to ``kvclaims.explain`` when merged.
+    NOTE: built once per tenant and kept on the audit; the facade's DuckDB connection is
+    used by one session at a time (the audit's lock). Raises ``InputError`` for a tenant
+    the audit does not know.
     """
-    df = tenant_explanations(source, tenant)
-    return df.iloc[sorted(range(len(df)), key=lambda i: (natural_key(df["run_id"].iloc[i]),
-                                                        str(df["claim_id"].iloc[i])))
-                   ].reset_index(drop=True)
+    from kvclaims.explaining import explain
+
+    a = _audit(source)
+    with a._lock:
+        if tenant not in a._explained:
+            a._explained[tenant] = explain(a.facade, tenant)
+        return a._explained[tenant]
 
 
-def tenant_explanations(source: Source, tenant: str | None = None) -> pd.DataFrame:
-    """The ``tenant_explanations`` view (one sentence per claim), only ``tenant``'s rows if
-    given; ``evidence_seqs`` as comma-separated text."""
-    df = _audit(source).views["tenant_explanations"]
-    if tenant is not None:
-        df = df[df["tenant"] == tenant]
-    return _lists_to_text(df, ["evidence_seqs"]).reset_index(drop=True)
+#: Section outcomes a tenant page opens first (the rest are folded).
+INCIDENT_OUTCOMES: Final[frozenset[str]] = frozenset(
+    {"harmed", "unknown", "refused", "preempted"})
+
+
+def explanation_headline(expl: Any) -> str:
+    """The explanation's one-line headline (as its text and HTML renderings start)."""
+    return expl._headline()  # NOTE: the explaining module's own wording, not a copy
+
+
+def explanation_lines(section: Any) -> list[str]:
+    """A section's outcome, promise and lowering lines (as its renderings list them)."""
+    from kvclaims.explaining import _promise_lines
+
+    return _promise_lines(section)
+
+
+def explain_tenant(source: Source, tenant: str) -> Any:
+    """Alias of ``explanation`` (the name the pages used before the merge)."""
+    return explanation(source, tenant)
 
 
 def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:
-    """Every claim of one tenant from ``claim_outcomes`` (with or without an incident)."""
+    """Every claim instance of one tenant (with or without an incident)."""
     df = claim_outcomes(source)
     df = df[df["tenant"] == tenant].drop(columns="tenant")
     df = df.iloc[sorted(range(len(df)), key=lambda i: natural_key(df["run_id"].iloc[i]))]
@@ -805,21 +878,11 @@ def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:
 
 # -- Findings & conformance ----------------------------------------------------------------------
 
-#: What each check asks, in an operator's words (docs/reconstruction.md, Conformance).
-CHECK_TITLES: Final[dict[str, str]] = {
-    "L1": "no accepted claim, no harm",
-    "L2": "write no-admit keeps denied blocks out of the cache",
-    "L3": "a hard claim is never harmed; conflicts are refused",
-    "L4": "demotion precedes loss",
-    "L5": "expiry precedes loss",
-    "L6": "materialized means every leading position resident",
-    "L7": "reconstruction agrees with the runtime's reports",
-    "INV_no_harm_without_acceptance": "no harm without acceptance",
-    "INV_release_precedes_loss": "release precedes loss",
-    "INV_refusal_names_protected_claim": "a refusal names the claims in its way",
-    "INV_no_protected_loss": "no protected block lost",
-    "INV_feasible_admission": "admissions fit beside protected blocks",
-}
+def check_titles(source: Source) -> dict[str, str]:
+    """What each check asks, from the ``conformance`` table's ``title`` column (defined once,
+    in reconstruct/sql/07_conformance.sql)."""
+    df = _audit(source).conformance.dropna(subset=["title"])
+    return dict(zip(df["check"], df["title"]))
 
 
 def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
@@ -832,8 +895,8 @@ def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
 
 def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
     """The ``conformance`` table: per run and check (L1-L7, then the invariants) its title,
-    verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text, and
-    the detail; runs in natural order."""
+    verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text, the
+    detail and what would exercise it (``needs``); runs in natural order."""
     df = _audit(source).conformance
     if run_id is not None:
         df = df[df["run_id"] == run_id]
@@ -842,8 +905,6 @@ def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
                    _r=df["run_id"].map(natural_key),
                    _o=df["check"].map(order).fillna(len(order)),
                    evidence_seqs=[None if _na(x) else sorted(x) for x in df["evidence_seqs"]])
-    if "title" not in df.columns:
-        df["title"] = df["check"].map(CHECK_TITLES)
     df = df.sort_values(["_r", "_o"]).drop(columns=["_o", "_r"])
     first = ["run_id", "check", "title", "verdict"]
     df = df[first + [c for c in df.columns if c not in first]]
@@ -866,3 +927,15 @@ def conformance_matrix(source: Source) -> pd.DataFrame:
     wide = wide.loc[sorted(wide.index, key=natural_key)]
     wide.columns.name = None
     return wide.reset_index()
+
+
+def lowering(source: Source, run_id: str | None = None) -> pd.DataFrame:
+    """The ``lowering`` table: per run and protection mode, whether the runtime could honour
+    the mode (enforced | approximated | recorded only | ...), the evidence and its source;
+    runs in natural order."""
+    df = _audit(source).tables["lowering"]
+    if run_id is not None:
+        df = df[df["run_id"] == run_id]
+    df = df.iloc[sorted(range(len(df)), key=lambda i: (natural_key(df["run_id"].iloc[i]),
+                                                        str(df["mode"].iloc[i])))]
+    return df.reset_index(drop=True)

@@ -90,8 +90,8 @@ def important_requests(audit: data.Audit, run_id: str, limit: int = MAX_REQUEST_
     if lanes.empty:
         return lanes
     evictors = set()
-    for rid, cid in data.harmed_claims(audit, run_id):
-        evictors |= set(data.harm_evictors(audit, rid, cid)["request_id"])
+    for rid, cseq in data.harmed_claims(audit, run_id):
+        evictors |= set(data.harm_evictors(audit, rid, cseq)["request_id"])
     states = lanes.groupby("lane")["state"].agg(set)
     score = {lane: (lane in evictors) * 8 + ("refused" in s) * 4 + ("preempted" in s) * 2
              + ("deferred" in s) for lane, s in states.items()}
@@ -164,9 +164,10 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
     for run_id in shown:
         out.append(f"<h3>{_e(run_id)}</h3>")
         out.append(chart_html(run_timeline(audit, run_id), f"timeline of {run_id}"))
-        for rid, cid in data.harmed_claims(audit, run_id):
-            ev = data.harm_evictors(audit, rid, cid)
-            out.append(f"<p><b class='harm'>{_e(cid)}</b> was harmed by:</p>")
+        for rid, cseq in data.harmed_claims(audit, run_id):
+            ev = data.harm_evictors(audit, rid, cseq)
+            out.append(f"<p><b class='harm'>{_e(data.claim_label(audit, rid, cseq))}</b> was "
+                       "harmed by:</p>")
             out.append(table_html(ev[["request_id", "tenant", "harm_blocks", "first_seq",
                                       "why"]]))
     if len(audit.run_ids) > len(shown):
@@ -179,14 +180,7 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
                                    "blocks_lost_harm": lambda v: "harm" if v else ""}))
     out.append("<h2>Tenant explanations</h2>")
     for tenant in data.tenants(audit):
-        rows = data.explain_tenant(audit, tenant)
-        if rows.empty:
-            continue
-        out.append(f"<h3>{_e(tenant)}</h3><ul>")
-        out += [f"<li>{_e(r['explanation'])} <span class='note'>(run {_e(r['run_id'])}, "
-                f"evidence seqs {_e(r['evidence_seqs'])})</span></li>"
-                for r in rows.to_dict("records")]
-        out.append("</ul>")
+        out.append(explanation_html(data.explanation(audit, tenant)))
 
     out.append("<h2>Findings</h2>")
     found = data.findings(audit)
@@ -215,3 +209,21 @@ def write_report(paths: Sequence[str], out: str,
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     return out
+
+
+def explanation_html(expl: Any) -> str:
+    """One tenant's explanation (``kvclaims.explaining.explain``) as a report section: its
+    headline, then per claim or request the promise, the timeline, why and what would have
+    prevented it. Every value escaped."""
+    out = [f"<h3>{_e(expl.tenant)}</h3>", f"<p>{_e(data.explanation_headline(expl))}</p>"]
+    for s in expl.sections:
+        cls = "harm" if s.outcome in data.INCIDENT_OUTCOMES else ""
+        out.append(f"<h4 class='{cls}'>{_e(s.title)}</h4><ul>")
+        out += [f"<li>{_e(line)}</li>" for line in data.explanation_lines(s)]
+        out += [f"<li>{_e(w)}</li>" for w in s.why]
+        out += [f"<li>Would have prevented it: {_e(p)}</li>" for p in s.prevention]
+        out.append("</ul><table><tr><th>time (UTC)</th><th>seq</th><th>what</th></tr>")
+        out += [f"<tr><td>{_e(m.utc or '-')}</td><td>{m.seq}</td><td>{_e(m.text)}</td></tr>"
+                for m in s.timeline]
+        out.append("</table>")
+    return "\n".join(out)
