@@ -38,7 +38,7 @@ import duckdb
 import pyarrow as pa
 
 from recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
-from recorder.schema import PROTECTION_MODES
+from recorder.schema import PROTECTION_MODES, RESIDENCY_MODES
 from recorder.schema import InputError
 from reconstruct import labels
 
@@ -244,10 +244,12 @@ def _modes_table() -> pa.Table:
     enforced: dict[str, tuple[str, str]] = getattr(policies, "ENFORCED_LOWERING", {})
     rows = [{"mode": m,
              "enforced_verdict": enforced[m][0] if m in enforced else None,
-             "enforcement": enforced[m][1] if m in enforced else MODE_ENFORCEMENT.get(m)}
+             "enforcement": enforced[m][1] if m in enforced else MODE_ENFORCEMENT.get(m),
+             "residency": m in RESIDENCY_MODES}
             for m in PROTECTION_MODES]
     return pa.Table.from_pylist(rows, schema=pa.schema(
-        [("mode", pa.string()), ("enforced_verdict", pa.string()), ("enforcement", pa.string())]))
+        [("mode", pa.string()), ("enforced_verdict", pa.string()), ("enforcement", pa.string()),
+         ("residency", pa.bool_())]))
 
 
 _MANIFEST_SCHEMA: Final[pa.Schema] = pa.schema(

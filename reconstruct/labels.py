@@ -647,7 +647,20 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                         dirty[C[C_NDIRTY]] = inst
                         C[C_NDIRTY] += 1
                 elif e == EV_RELEASE and s == rel[inst] and IS[inst, I_INFORCE] == 1:
+                    before = C[C_PROTECTED]
                     _force(inst, -1, off, nsl, k, mode, SL, HS, IS, resl, C)
+                    if step_ok[i]:
+                        # NOTE: a demotion, expiry or release inside the step comes before the
+                        # decisions that follow it (the arbiter demotes to admit): the step's
+                        # starting pool no longer protects that claim's blocks
+                        S0[0] = max(0, S0[0] - (before - C[C_PROTECTED]))
+                        j = 0
+                        while j < ns0:
+                            if SI0[j] == inst:
+                                SI0[j] = SI0[ns0 - 1]
+                                ns0 -= 1
+                            else:
+                                j += 1
         elif e == EV_BOUND:
             inst = inst_of[i]
             p = pos[i]

@@ -30,6 +30,7 @@ from typing import Any
 
 from recorder.claims import ClaimDeclaration, Rejection, parse_claim
 from recorder.policies import OFFLOAD_REJECTION, PINNING_MODES, Policy
+from recorder.schema import RESIDENCY_MODES
 
 Emit = Callable[..., None]
 Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here
@@ -87,6 +88,7 @@ class ClaimArbiter:
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
         self._deferrals: dict[str, tuple[int, float]] = {}  # request -> (steps, since)
         self._soft_in_force: set[str] = set()
+        self._broken: dict[Claim, Hashable] = {}  # broken in this step: reported at its end
         self._tenant_blocks: dict[str | None, int] = {}  # blocks claimed by protecting claims
 
     # ----------------------------------------------------------------- declarations
@@ -229,7 +231,24 @@ class ClaimArbiter:
             if position >= claim.threshold:
                 continue
             claim.missing += 1
-            if claim.missing == 1 and claim.materialized:
+            # NOTE: only a residency promise is broken by the loss itself (docs/design.md §3):
+            # best_effort promised nothing, and whether a soft_priority loss broke its order
+            # depends on the other evictable blocks, which only the offline timeline sees
+            if claim.missing == 1 and claim.materialized and claim.mode in RESIDENCY_MODES:
+                self._broken.setdefault(claim, key)
+
+    def end_of_step(self) -> None:
+        """Report the harm of every claim still broken when the scheduler step ends.
+
+        NOTE: predicates are judged at step ends (docs/design.md §5): within one step vLLM may
+        evict a claimed block and cache identical content again (a request hitting the
+        prefix), which breaks nothing.
+        """
+        if not self._broken:
+            return
+        broken, self._broken = self._broken, {}
+        for claim, key in broken.items():
+            if claim.missing > 0:
                 self._emit("claim_harmed", claim_id=claim.decl.claim_id, block_hash=key)
 
     def on_lost_many(self, block_ids: Sequence[int], keys: Sequence[Hashable]) -> None:

@@ -305,6 +305,7 @@ class KVClaimsMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self.kvc_ready:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        self.kvc_safely(self.kvc_arbiter.end_of_step)  # the previous step ended
         if self.kvc_events is not None:
             self.kvc_safely(self.kvc_events.advance_step)
         if self.kvc_arbiter.has_deadlines:
@@ -366,6 +367,8 @@ class KVClaimsMixin:
         try:
             super().shutdown()  # type: ignore[misc]
         finally:
+            if self.kvc_ready:
+                self.kvc_safely(self.kvc_arbiter.end_of_step)
             if self.kvc_ready and self.kvc_events is not None:
                 self.kvc_events.close()
 

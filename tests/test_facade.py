@@ -46,7 +46,9 @@ def _child(run: Path, limit_mib: int) -> subprocess.CompletedProcess[str]:
 
 
 def test_facade_reconstructs_within_an_address_space_limit(big_run: Path) -> None:
-    proc = _child(big_run, 2048)
+    # NOTE: RLIMIT_AS bounds virtual address space, not RSS: numba's LLVM JIT (the labelling
+    # pass) reserves about a GiB of it on top of Python + DuckDB; peak RSS stays far lower
+    proc = _child(big_run, 3072)
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("COUNTS "))
     counts = json.loads(line[len("COUNTS "):])
@@ -153,7 +155,11 @@ def test_a_manifest_without_clock_has_no_anchor() -> None:
     assert clock_anchor({"clock": None}) is None     # importers write null
 
 
-def test_ts_is_null_without_a_clock() -> None:
-    with kvclaims.open([TRACES / "lifecycle_demote"]) as audit:
+def test_ts_is_null_without_a_clock(tmp_path: Path) -> None:
+    run = _copy(TRACES / "lifecycle_demote", tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["clock"] = None  # as an import without a clock writes it
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with kvclaims.open([run]) as audit:
         assert audit.sql("SELECT count(ts) FROM events").fetchall()[0][0] == 0
         assert audit.clocks == {audit.runs[0]: None}

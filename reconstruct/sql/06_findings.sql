@@ -37,7 +37,11 @@ WITH f AS (
            [c.first_harm_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} was harmed at seq {} (reconstructed) but the runtime reported no '
                   'claim_harmed', c.claim_id, c.first_harm_seq)
-    FROM claims c WHERE c.outcome = 'harmed' AND c.reported_harm_seq IS NULL
+    FROM claims c
+    -- NOTE: the runtime reports harm of residency promises only; a soft_priority harm is
+    -- decided from the timeline (the other evictable blocks), so no report is expected
+    WHERE c.outcome = 'harmed' AND c.reported_harm_seq IS NULL
+      AND c.protection_mode IN (SELECT mode FROM kv_modes WHERE residency)
     UNION ALL
     SELECT f.run_id, 'harm_reported_not_reconstructed', 'disagreement', f.reported_harm_seq,
            [f.reported_harm_seq], f.claim_id, f.claim_seq, NULL, NULL,
