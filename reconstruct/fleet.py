@@ -40,10 +40,11 @@ import pyarrow.parquet as pq
 
 from recorder.schema import InputError
 
-# The tables a fleet dataset holds: the events themselves (sealed) and every reconstructed table.
+# The tables every fleet dataset holds (a stage may add more, e.g. ``lowering``: those are
+# written too): the events themselves (sealed), the manifests, every reconstructed table.
 TABLES_OUT: Final[tuple[str, ...]] = (
-    "events", "losses", "loss_claims", "claims", "requests", "feasibility", "findings",
-    "conformance")
+    "events", "manifests", "losses", "loss_claims", "claims", "requests", "feasibility",
+    "findings", "conformance")
 
 # What each Spark task reports back to the driver: one row per run.
 STATUS_SCHEMA: Final[pa.Schema] = pa.schema([
@@ -110,29 +111,30 @@ def partition_dir(out: str | Path, table: str, date: str, run_id: str) -> Path:
 
 
 def audit_run(run: FleetRun, out: str | Path, *, memory_limit: str = "1GB") -> dict[str, Any]:
-    """Reconstruct one run with the single-machine path and write its partitions of the dataset.
+    """Reconstruct one run through the audit facade and write its partitions of the dataset.
 
     Returns the status row (see ``STATUS_SCHEMA``). This is the whole body of a Spark task.
     """
-    from reconstruct.core import reconstruct_paths
+    from kvclaims.audit import open_audit
 
     t0 = time.perf_counter()
-    tables, _info = reconstruct_paths([run.run_dir], memory_limit=memory_limit)
-    con = tables.con
-    bytes_out = 0
     counts: dict[str, int] = {}
-    for table in TABLES_OUT:
-        data = con.sql(f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL").to_arrow_table()
-        counts[table] = data.num_rows
-        target = partition_dir(out, table, run.date, run.run_id)
-        target.mkdir(parents=True, exist_ok=True)
-        path = target / "part-0.parquet"
-        pq.write_table(data, path, compression="zstd")
-        bytes_out += path.stat().st_size
-    con.close()
-    return {"run_id": run.run_id, "date": run.date, "events": counts["events"],
-            "losses": counts["losses"], "bytes_in": run.bytes_in, "bytes_out": bytes_out,
-            "seconds": time.perf_counter() - t0, "error": None}
+    bytes_out = 0
+    # NOTE: the same path as `kvclaims reconstruct` (streamed, bounded); the tables keep their
+    # UTC `ts` columns so the documented views read the dataset as they read an audit
+    with open_audit([run.run_dir], memory_limit=memory_limit, reuse=False, lock=False) as audit:
+        for table in audit.tables:
+            data = audit.con.sql(
+                f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY ALL").to_arrow_table()
+            counts[table] = data.num_rows
+            target = partition_dir(out, table, run.date, run.run_id)
+            target.mkdir(parents=True, exist_ok=True)
+            path = target / "part-0.parquet"
+            pq.write_table(data, path, compression="zstd")
+            bytes_out += path.stat().st_size
+    return {"run_id": run.run_id, "date": run.date, "events": counts.get("events", 0),
+            "losses": counts.get("losses", 0), "bytes_in": run.bytes_in,
+            "bytes_out": bytes_out, "seconds": time.perf_counter() - t0, "error": None}
 
 
 def _task(out: str, memory_limit: str):
@@ -202,6 +204,9 @@ class FleetResult:
 def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark: Any = None,
                       master: str | None = None, memory_limit: str = "1GB") -> FleetResult:
     """Reconstruct every run the patterns name on Spark, one task per run, into ``out``."""
+    from reconstruct.core import validate_memory_limit
+
+    memory_limit = validate_memory_limit(memory_limit)  # in the driver, before any task
     runs = find_fleet_runs(patterns)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -221,6 +226,11 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
 
 # -- reading a fleet dataset back ---------------------------------------------------------------
 
+def dataset_tables(out: str | Path) -> list[str]:
+    """The tables a fleet dataset holds (one folder each)."""
+    return sorted(p.name for p in Path(out).iterdir() if p.is_dir())
+
+
 def dataset_glob(out: str | Path, table: str) -> str:
     """The Parquet files of one table of a dataset."""
     return str(Path(out) / table / "*" / "*" / "*.parquet")
@@ -233,7 +243,7 @@ def open_dataset_duckdb(out: str | Path, con: Any = None) -> Any:
     import queries
 
     con = con or duckdb.connect()
-    for table in TABLES_OUT:
+    for table in dataset_tables(out):
         path = dataset_glob(out, table).replace("'", "''")
         con.execute(
             f"CREATE OR REPLACE VIEW {table} AS SELECT * EXCLUDE (date) FROM read_parquet("
@@ -297,7 +307,7 @@ def open_dataset_spark(spark: Any, out: str | Path) -> list[str]:
     import queries
     from pyspark.sql import functions as F
 
-    for table in TABLES_OUT:
+    for table in dataset_tables(out):
         df = spark.read.parquet(str(Path(out) / table))
         # NOTE: the path keeps run ids percent-encoded; the column gives them back as written
         decode = F.udf(unquote, "string")

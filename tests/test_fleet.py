@@ -17,7 +17,7 @@ pytest.importorskip("pyspark")
 
 from recorder.trace_writer import RunWriter  # noqa: E402
 from reconstruct import fleet  # noqa: E402
-from reconstruct.core import TABLE_NAMES, reconstruct_paths  # noqa: E402
+from kvclaims.audit import open_audit  # noqa: E402
 from reconstruct.jsonl import import_jsonl  # noqa: E402
 from reconstruct.loader import load_runs  # noqa: E402
 
@@ -87,8 +87,10 @@ def dataset(spark: Any, fleet_dirs: list[Path], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def single(fleet_dirs: list[Path]) -> Any:
-    tables, _info = reconstruct_paths(fleet_dirs)
-    return tables
+    """The same runs through the single-machine audit facade, all at once."""
+    audit = open_audit(fleet_dirs, reuse=False, lock=False)
+    yield audit
+    audit.close()
 
 
 def _rows(relation: Any) -> list[tuple]:
@@ -103,7 +105,11 @@ def test_every_run_is_one_task_and_one_partition(dataset: Path, fleet_dirs: list
     assert len(run_dirs) == len(fleet_dirs)
 
 
-@pytest.mark.parametrize("table", TABLE_NAMES + ("conformance",))
+def test_dataset_holds_every_table_of_the_audit(dataset: Path, single: Any) -> None:
+    assert set(fleet.TABLES_OUT) <= set(fleet.dataset_tables(dataset)) == set(single.tables)
+
+
+@pytest.mark.parametrize("table", fleet.TABLES_OUT)
 def test_spark_tables_equal_single_machine_tables(dataset: Path, single: Any,
                                                   table: str) -> None:
     con = fleet.open_dataset_duckdb(dataset)
@@ -170,3 +176,20 @@ def test_fleet_refuses_a_pattern_matching_nothing(tmp_path: Path) -> None:
 
     with pytest.raises(InputError):
         fleet.find_fleet_runs([str(tmp_path / "nothing-*")])
+
+
+def test_cli_engine_spark_writes_the_dataset(spark: Any, fleet_dirs: list[Path],
+                                             tmp_path: Path, capsys: Any) -> None:
+    from kvclaims.cli import main
+
+    assert main(["reconstruct", "--engine", "spark", str(fleet_dirs[1]),
+                 "--out", str(tmp_path / "ds")]) == 0
+    assert "reconstructed 1 run(s) on Spark" in capsys.readouterr().out
+    assert "losses" in fleet.dataset_tables(tmp_path / "ds")
+
+
+def test_cli_engine_spark_needs_an_output_dataset(fleet_dirs: list[Path], capsys: Any) -> None:
+    from kvclaims.cli import main
+
+    assert main(["reconstruct", "--engine", "spark", str(fleet_dirs[1])]) == 2
+    assert "needs --out" in capsys.readouterr().err
