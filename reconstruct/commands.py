@@ -20,7 +20,14 @@ def register(subparsers: Any) -> None:
                     "by later commands while the run is unchanged) or in --out. Progress "
                     "(read, label, tables) goes to stderr on a terminal.")
     _inputs(p)
-    p.add_argument("--out", metavar="DIR", help="write every run's tables here instead")
+    p.add_argument("--out", metavar="DIR", help="write every run's tables here instead "
+                   "(with --engine spark: the dataset, one Parquet dataset per table)")
+    p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
+                   help="duckdb: this process (default); spark: one Spark task per run "
+                        "(docs/fleet.md)")
+    p.add_argument("--master", metavar="URL",
+                   help="with --engine spark: Spark's master (default local[*] or "
+                        "$KVCLAIMS_SPARK_MASTER)")
     p.add_argument("--json", action="store_true",
                    help='print {"tables": [...], "runs": [...]} as JSON')
     p.set_defaults(func=cmd_reconstruct)
@@ -44,6 +51,8 @@ def _inputs(p: argparse.ArgumentParser) -> None:
 
 def cmd_reconstruct(args: argparse.Namespace) -> int:
     """Reconstruct, write Parquet, print a summary."""
+    if args.engine == "spark":
+        return _reconstruct_spark(args)
     with open_audit(args, args.paths, "reconstruct", reuse=False) as audit:
         written: dict[str, str] = {}
         if args.out:
@@ -81,6 +90,30 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
               + (" (truncated)" if row["truncated"] else ""))
         print(f"  -> {row['out']}/{{{','.join(tables)}}}.parquet")
     return 0
+
+
+def _reconstruct_spark(args: argparse.Namespace) -> int:
+    """``--engine spark``: the fleet path (``reconstruct.fleet``), one task per run."""
+    from recorder.schema import InputError
+    from reconstruct import fleet
+
+    if not args.out:
+        raise InputError("--engine spark needs --out DATASET (the fleet's Parquet datasets)")
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise InputError("--engine spark needs pyspark: pip install 'kvclaims[spark]'") from None
+    result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
+                                     memory_limit=args.memory_limit or "1GB")
+    if args.json:
+        print(json.dumps({"dataset": str(result.out), "runs": result.runs,
+                          "seconds": result.seconds}, indent=2, default=str))
+    else:
+        print(f"reconstructed {len(result.runs)} run(s) on Spark: {result.events} events in "
+              f"{result.seconds:.1f} s -> {result.out}/<table>/date=*/run_id=*/")
+        for row in result.errors:
+            print(f"  {row['run_id']}: error: {row['error']}", file=sys.stderr)
+    return 3 if result.errors else 0
 
 
 def _counts(d: dict[str, int] | None) -> str:

@@ -1,0 +1,148 @@
+"""Fleet benchmark: the same fleet of runs audited by one DuckDB process and by Spark.
+
+    python benchmarks/fleet.py [--runs 120] [--giant-events 1000000] [--master local[2]]
+
+A fleet of synthetic run directories of varied shapes (sizes spread over two orders of
+magnitude, pools of 256-4096 blocks, claim-sparse and claim-dense, some with resets, and one
+giant run) is written once under --dir, then:
+
+- **duckdb**: one process reconstructs every run (``reconstruct_paths``, streamed, bounded);
+- **spark**: ``reconstruct_spark``, one task per run, on ``--master`` (local mode here).
+
+It prints events/s for both side by side, then how the Spark job would spread over a cluster:
+tasks per run, shuffle bytes (from Spark's own stage metrics, REST API on 127.0.0.1), the
+task-time skew the giant run causes, and the critical path it sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reconstruct import fleet  # noqa: E402
+from reconstruct.core import reconstruct_paths  # noqa: E402
+from reconstruct.synthetic import write_trace  # noqa: E402
+
+
+def make_fleet(out: Path, runs: int, giant_events: int, seed: int = 7) -> list[Path]:
+    """Write ``runs`` run directories of varied shapes plus one giant run; reuse if present."""
+    import random
+
+    marker = out / "fleet.json"
+    spec = {"runs": runs, "giant_events": giant_events, "seed": seed}
+    if marker.exists() and json.loads(marker.read_text()) == spec:
+        return sorted(p for p in out.iterdir() if p.is_dir())
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rng = random.Random(seed)
+    dirs = []
+    for i in range(runs):
+        events = int(10 ** rng.uniform(3.7, 5.0))          # 5 k .. 100 k events
+        n = rng.choice([2, 4, 8, 16])                       # blocks per request
+        pool = rng.choice([256, 1024, 4096])
+        reset = rng.choice([0, 0, 0, 50])
+        d = out / f"run-{i:04d}"
+        write_trace(d, events, n=n, pool=pool, reset_every=reset, run_id=f"run-{i:04d}",
+                    progress=False)
+        dirs.append(d)
+    giant = out / "run-giant"
+    write_trace(giant, giant_events, n=8, pool=2048, run_id="run-giant", progress=False)
+    dirs.append(giant)
+    marker.write_text(json.dumps(spec))
+    return dirs
+
+
+def events_in(dirs: list[Path]) -> int:
+    """Events in the fleet, from the manifests (what the writers recorded)."""
+    total = 0
+    for d in dirs:
+        manifest = json.loads((d / "manifest.json").read_text())
+        total += sum(s.get("events", 0) for s in manifest["segments"])
+    return total
+
+
+def stage_metrics(spark: Any) -> dict[str, int]:
+    """Shuffle and input bytes over every stage of this application (Spark's REST API)."""
+    url = spark.sparkContext.uiWebUrl
+    if not url:
+        return {}
+    app = spark.sparkContext.applicationId
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/applications/{app}/stages",
+                                    timeout=120) as r:
+            stages = json.load(r)
+    except OSError as exc:  # the UI is best effort; the benchmark's figures do not need it
+        print(f"  (Spark's stage metrics unavailable: {exc})")
+        return {}
+    keys = ("shuffleReadBytes", "shuffleWriteBytes", "inputBytes", "outputBytes", "numTasks")
+    return {k: sum(int(s.get(k, 0)) for s in stages) for k in keys}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=120)
+    ap.add_argument("--giant-events", type=int, default=1_000_000)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/kvclaims-fleet"))
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    dirs = make_fleet(args.dir / "runs", args.runs, args.giant_events)
+    n_events = events_in(dirs)
+    print(f"fleet: {len(dirs)} runs, {n_events:,} events "
+          f"(written in {time.perf_counter() - t0:.1f} s, {args.dir / 'runs'})")
+
+    t0 = time.perf_counter()
+    tables, _info = reconstruct_paths(dirs, memory_limit="2GB")
+    tables.con.sql("SELECT count(*) FROM losses").fetchall()
+    duck_s = time.perf_counter() - t0
+    tables.con.close()
+
+    spark = fleet.spark_session(args.master, ui=True)
+    spark.sparkContext.parallelize([0], 1).count()  # start the executors before timing
+    out = args.dir / "dataset"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    result = fleet.reconstruct_spark(dirs, out, spark=spark)
+    spark_s = time.perf_counter() - t0
+    metrics = stage_metrics(spark)
+    spark.stop()
+
+    task_s = sorted((r["seconds"] for r in result.runs), reverse=True)
+    giant = next(r for r in result.runs if r["run_id"] == "run-giant")
+    median = task_s[len(task_s) // 2]
+    print()
+    print(f"{'engine':<28}{'seconds':>10}{'events/s':>14}{'vs duckdb':>11}")
+    print(f"{'duckdb, one process':<28}{duck_s:>10.1f}{n_events / duck_s:>14,.0f}{1.0:>11.2f}")
+    print(f"{'spark ' + args.master:<28}{spark_s:>10.1f}{n_events / spark_s:>14,.0f}"
+          f"{duck_s / spark_s:>11.2f}")
+    print()
+    print("how the Spark job spreads (from its own metrics):")
+    print(f"  tasks: {metrics.get('numTasks', '?')} for {len(dirs)} runs "
+          f"(one task per run, plus the driver's collect)")
+    print(f"  shuffle: read {metrics.get('shuffleReadBytes', 0):,} B, "
+          f"write {metrics.get('shuffleWriteBytes', 0):,} B "
+          f"(events never cross tasks; output written by the tasks: "
+          f"{sum(r['bytes_out'] for r in result.runs):,} B)")
+    print(f"  task time: median {median:.2f} s, max {task_s[0]:.2f} s (the giant run, "
+          f"{giant['events']:,} events: {giant['seconds']:.2f} s); sum {sum(task_s):.1f} s")
+    ideal = sum(task_s) / 2
+    print(f"  critical path: the giant task bounds the job at {giant['seconds']:.1f} s on any "
+          f"cluster; on 2 cores the ideal is max(giant, sum/2) = "
+          f"{max(giant['seconds'], ideal):.1f} s")
+    if result.errors:
+        print(f"  errors: {len(result.errors)} runs could not be reconstructed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
