@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	# The registry's torchvision does not load beside the CPU torch build and breaks
 	# transformers imports; vLLM's text path needs none of these.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
-	$(PIP) install --quiet -e ".[test,dashboard]"
+	$(PIP) install --quiet -e ".[test,dashboard,listen,spark]"
 	touch $@
 
 demo: install
