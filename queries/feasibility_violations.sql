@@ -21,14 +21,18 @@ SELECT
     -- would have fit)
     CASE WHEN decision = 'admitted' THEN 'infeasible_admission' ELSE 'needless_refusal' END
         AS violation,
-    -- blocks protected by claims in force
+    -- blocks protected by claims in force (rebuilt from the block timeline)
     protected_blocks,
-    -- blocks the request needed
-    blocks_required,
+    -- blocks the request needed: its prompt's blocks not hit in the cache (rebuilt)
+    required_blocks,
     -- usable blocks in the pool
     usable_blocks,
-    -- protected + required - usable
-    shortfall_blocks,
+    -- protected + required - usable (rebuilt; 0 when it fit)
+    greatest(0, protected_blocks + required_blocks - usable_blocks) AS shortfall_blocks,
+    -- the runtime's own protected figure at the decision (0 under a policy that protects nothing)
+    runtime_protected_blocks,
+    -- the runtime's own required figure at the decision
+    runtime_required_blocks,
     -- the run policy (run_started)
     policy,
     -- whether the policy enforces claims

@@ -131,6 +131,11 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             'SELECT run_id, "check", ' + (f'"{title}"' if title else '"check"')
             + ", verdict, list_sort(coalesce(evidence_seqs, [])), detail FROM conformance "
             'ORDER BY run_id, "check" NOT LIKE \'L%\', "check"').fetchall()
+        lowering: dict[str, list[tuple[str, str]]] = {}
+        if "lowering" in audit.tables:
+            for rid, mode, verdict in audit.con.sql(
+                    "SELECT run_id, mode, verdict FROM lowering ORDER BY run_id, mode").fetchall():
+                lowering.setdefault(rid, []).append((mode, verdict))
     failed = any(r[3] == "fail" for r in rows)
     if args.json:
         print(json.dumps([{"run_id": r[0], "check": r[1], "title": r[2], "verdict": r[3],
@@ -149,6 +154,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     for rid, check, ttl, verdict, seqs, detail in rows:
         if rid != run:
             print(rid)
+            if lowering.get(rid):  # what the runtime does with each mode (docs/design.md §3)
+                print("  modes: " + ", ".join(f"{m} {v}" for m, v in lowering[rid]))
             run = rid
         ev = ("seq " + ",".join(str(s) for s in seqs[:12]) + (",..." if len(seqs) > 12 else "")
               ) if seqs else "-"
