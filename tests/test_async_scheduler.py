@@ -130,6 +130,10 @@ def record(helpers: Any, kind: str, policy: str, tmp: Path,
     monkeypatch.setenv("KVCLAIMS_OUT", str(out))
     monkeypatch.setenv("KVCLAIMS_POLICY", policy)
     monkeypatch.setenv("KVCLAIMS_RUN_ID", "async-check")
+    # one deployment key for every run, so their keyed block hashes compare equal
+    key = tmp / "hash.key"
+    key.write_text("kvclaims-async-test-key-0123456789")
+    monkeypatch.setenv("KVCLAIMS_HASH_KEY_FILE", str(key))
     scheduler = helpers.create_scheduler(
         model=helpers.MODEL_DIR, enable_prefix_caching=True, num_blocks=NUM_BLOCKS,
         block_size=BLOCK, max_num_batched_tokens=1024, max_model_len=1024,

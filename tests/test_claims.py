@@ -186,7 +186,28 @@ def test_loss_breaking_a_materialized_claim_is_reported_once():
     cache(arb, [b"a", b"b"], 1)
     arb.on_lost(2, b"b")
     arb.on_lost(1, b"a")
+    arb.end_of_step()
     assert rec.names().count("claim_harmed") == 1
+
+
+def test_harm_is_reported_when_the_step_ends_not_at_the_loss():
+    arb, rec = arbiter("native")
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    cache(arb, [b"a", b"b"], 1)
+    arb.on_lost(2, b"b")
+    assert "claim_harmed" not in rec.names()
+    arb.end_of_step()
+    assert rec.names().count("claim_harmed") == 1
+
+
+def test_a_loss_repaired_within_the_step_is_not_reported():
+    arb, rec = arbiter("native")
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    cache(arb, [b"a", b"b"], 1)
+    arb.on_lost(2, b"b")
+    arb.on_resident(Block(7), b"b")  # identical content cached again in the same step
+    arb.end_of_step()
+    assert "claim_harmed" not in rec.names()
 
 
 def test_loss_of_one_copy_keeps_the_content_resident():
