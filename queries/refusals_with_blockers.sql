@@ -4,13 +4,20 @@
 -- or before the decision. Needs `feasibility`, `requests` and `events`.
 CREATE OR REPLACE VIEW refusals_with_blockers AS
 WITH d AS (
-    SELECT f.*, unnest(CASE WHEN len(coalesce(f.blocking_claim_ids, [])) = 0 THEN [NULL]
+    SELECT f.*, unnest(CASE WHEN array_length(coalesce(f.blocking_claim_ids, [])) = 0 THEN [NULL]
                             ELSE f.blocking_claim_ids END) AS blocking_claim_id
     FROM feasibility f
     WHERE f.decision IN ('deferred', 'refused')
 ), subs AS (
     SELECT run_id, claim_id, seq AS claim_seq, tenant, protection_mode
     FROM events WHERE event = 'claim_submitted'
+), pick AS (
+    -- NOTE: the latest instance submitted at or before the decision, as an aggregate (portable
+    -- SQL, no ASOF join: the view runs on Spark too)
+    SELECT d.run_id, d.seq, d.blocking_claim_id, max(s.claim_seq) AS claim_seq
+    FROM d JOIN subs s
+      ON s.run_id = d.run_id AND s.claim_id = d.blocking_claim_id AND s.claim_seq <= d.seq
+    GROUP BY d.run_id, d.seq, d.blocking_claim_id
 )
 SELECT
     -- the run
@@ -47,6 +54,7 @@ SELECT
     s.tenant IS NOT DISTINCT FROM q.tenant AND s.tenant IS NOT NULL AS own_claim
 FROM d
 LEFT JOIN requests q ON q.run_id = d.run_id AND q.request_id = d.request_id
-ASOF LEFT JOIN subs s
-  ON s.run_id = d.run_id AND s.claim_id = d.blocking_claim_id AND d.seq >= s.claim_seq
+LEFT JOIN pick p
+  ON p.run_id = d.run_id AND p.seq = d.seq AND p.blocking_claim_id = d.blocking_claim_id
+LEFT JOIN subs s ON s.run_id = p.run_id AND s.claim_seq = p.claim_seq
 ORDER BY d.run_id, d.seq, d.blocking_claim_id NULLS FIRST;
