@@ -88,16 +88,19 @@ def both_runs(tmp_path_factory: pytest.TempPathFactory):
     yield engine_run, observed_run
 
 
-def claim_labels(run: Path, out: Path) -> list[tuple[int, str]]:
+def claim_labels(run: Path, out: Path, *, exit_codes: tuple[int, ...] = (0,)
+                 ) -> list[tuple[int, str]]:
     """(position, label) of every loss of CLAIM, via `kvclaims reconstruct`."""
-    assert main(["reconstruct", str(run), "--out", str(out)]) == 0
+    assert main(["reconstruct", str(run), "--out", str(out)]) in exit_codes
     rows = pq.read_table(out / "loss_claims.parquet").to_pylist()
     return sorted((r["position"], r["label"]) for r in rows if r["claim_id"] == CLAIM)
 
 
 def test_observed_labels_match_the_in_engine_labels(both_runs, tmp_path, capsys):
     engine_run, observed_run = both_runs
-    engine = claim_labels(engine_run, tmp_path / "e")
+    # NOTE: vLLM's API server force-kills its engine at shutdown, so the in-engine run's last
+    # segment may be cut short: exit 3 (a hole at the tail, after every loss compared here)
+    engine = claim_labels(engine_run, tmp_path / "e", exit_codes=(0, 3))
     observed = claim_labels(observed_run, tmp_path / "o")
     with capsys.disabled():  # the side-by-side for docs/stock-vllm.md
         print(f"\n{'run':<10} {'losses':>6}  labels          positions")
