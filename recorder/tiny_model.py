@@ -1,7 +1,7 @@
 """Build the tiny random-weight Llama that the demo, the tests and the sweeps run on.
 
 Nothing is downloaded: the model is created from a config and saved to a local folder. KV block
-behaviour does not depend on the weights (DESIGN.md §7), so random weights are enough.
+behaviour does not depend on the weights (docs/design.md), so random weights are enough.
 """
 
 from __future__ import annotations
