@@ -339,30 +339,9 @@ class Audit:
     def summary(self) -> list[dict[str, Any]]:
         """Per run: events, loss counts by label, claim, request outcomes, findings (needs
         the reconstruction's run facts: an audit opened with ``reuse=False``)."""
-        rows = self.con.sql("""
-            SELECT r.run_id, r.policy, r.usable_blocks, r.n_events AS events, r.truncated,
-                   (SELECT count(*) FROM losses l WHERE l.run_id = r.run_id) AS losses,
-                   (SELECT map(list(label), list(n)) FROM (
-                        SELECT label, count(*) AS n FROM losses l WHERE l.run_id = r.run_id
-                        GROUP BY label ORDER BY label)) AS labels,
-                   (SELECT map(list(outcome), list(n)) FROM (
-                        SELECT outcome, count(*) AS n FROM claims c WHERE c.run_id = r.run_id
-                        GROUP BY outcome ORDER BY outcome)) AS claim_outcomes,
-                   (SELECT map(list(outcome), list(n)) FROM (
-                        SELECT outcome, count(*) AS n FROM requests q WHERE q.run_id = r.run_id
-                        GROUP BY outcome ORDER BY outcome)) AS request_outcomes,
-                   (SELECT map(list(severity), list(n)) FROM (
-                        SELECT severity, count(*) AS n FROM findings f
-                        WHERE f.run_id = r.run_id AND severity <> 'hole'
-                        GROUP BY severity ORDER BY severity)) AS findings,
-                   r.unknown_from_seq
-            FROM kv_runs r ORDER BY r.run_id""").fetchall()
-        cols = ["run_id", "policy", "usable_blocks", "events", "truncated", "losses", "labels",
-                "claim_outcomes", "request_outcomes", "findings", "unknown_from_seq"]
-        # NOTE: one shape: an empty count is {}, never null
-        maps = {"labels", "claim_outcomes", "request_outcomes", "findings"}
-        return [{c: (dict(v or {}) if c in maps else v) for c, v in zip(cols, row)}
-                for row in rows]
+        from reconstruct.core import Tables
+
+        return Tables(self.con, self.runs).summary()
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -133,7 +133,9 @@ class Tables:
             FROM kv_runs r ORDER BY r.run_id""").fetchall()
         cols = ["run_id", "policy", "usable_blocks", "events", "unknown_from_seq", "truncated",
                 "losses", "labels", "claim_outcomes", "request_outcomes", "findings"]
-        return [{c: (dict(v) if isinstance(v, dict) else v) for c, v in zip(cols, row)}
+        # NOTE: one shape: an empty count is {}, never null
+        maps = {"labels", "claim_outcomes", "request_outcomes", "findings"}
+        return [{c: (dict(v or {}) if c in maps else v) for c, v in zip(cols, row)}
                 for row in rows]
 
 
