@@ -51,6 +51,7 @@ upstream: install
 
 bench: install
 	$(PY) benchmarks/recorder_cost.py
+	$(PY) benchmarks/recorder_overhead.py
 	$(PY) benchmarks/reconstruct.py
 
 # The Streamlit audit app on 127.0.0.1:$(PORT) (docs/dashboard.md); RUNS="DIR ..." audits those

@@ -6,15 +6,13 @@ blocks, caches them (hash, parent hash, position), later ones hit a shared prefi
 freed, and some are evicted; a second figure emits the same mix as one ``emit_many`` entry
 per hook call, as the engine's hooks do.
 
-``--engine`` measures the cost where it matters: the scheduler's own CPU time inside the real
-vLLM engine, plain vs with the recorder (see ``engine_main``); a few minutes on 2 cores:
-``.venv/bin/python benchmarks/recorder_cost.py --engine [--requests 400] [--rounds 2]``.
+The cost where it matters — the scheduler's own CPU time inside the real vLLM engine, plain vs
+with the recorder — is ``benchmarks/recorder_overhead.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -22,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -104,141 +101,6 @@ def hot_path(events: list[tuple[str, dict]], run: Path, chunk: int = 50_000) -> 
     return statistics.median(per_event) * 1e9, len(events) / flush_s
 
 
-# -- in-engine cost (--engine) ----------------------------------------------------------------
-
-_clock = time.thread_time_ns
-SPENT = [0]
-STEPS = [0]
-
-
-def _timed(base: type) -> type:
-    """``base`` with its schedule() and update_from_output() CPU time added to SPENT."""
-
-    class Timed(base):  # type: ignore[misc, valid-type]
-        def schedule(self, *a: Any, **k: Any) -> Any:
-            STEPS[0] += 1
-            t0 = _clock()
-            try:
-                return super().schedule(*a, **k)
-            finally:
-                SPENT[0] += _clock() - t0
-
-        def update_from_output(self, *a: Any, **k: Any) -> Any:
-            t0 = _clock()
-            try:
-                return super().update_from_output(*a, **k)
-            finally:
-                SPENT[0] += _clock() - t0
-
-    Timed.__name__ = f"Timed{base.__name__}"
-    return Timed
-
-
-def engine_workload(n: int, seed: int = 0) -> list[tuple[str, list[int], dict | None]]:
-    """``n`` requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks each; the
-    first request of every fourth document declares a hard claim on it."""
-    rng = random.Random(seed)
-    from recorder.scenarios import tokens
-
-    docs = [tokens(1000 + d, rng.randint(4, 24)) for d in range(24)]
-    claimed: set[int] = set()
-    out = []
-    for i in range(n):
-        d = rng.randrange(len(docs))
-        claim = None
-        if d % 4 == 0 and d not in claimed:
-            claimed.add(d)
-            claim = {"claim_id": f"doc-{d}", "tenant": f"t{d % 3}",
-                     "protection_mode": "hard_protected"}
-        out.append((f"r{i}", docs[d] + tokens(5000 + i, rng.randint(1, 3)), claim))
-    return out
-
-
-def run_once(config: str, reqs: list, usable: int, out: Path) -> tuple[float, int, int]:
-    """One engine, one configuration; returns (scheduler CPU s, events recorded, steps)."""
-    from vllm import EngineArgs, LLMEngine
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    from recorder.scenarios import Driver, engine_args
-    from recorder.scheduler import KVClaimsScheduler
-
-    from recorder.tiny_model import ensure_tiny_model
-
-    policy = {"plain": None, "native": "native", "hard": "hard_protected"}[config]
-    cfg = {"out": str(out), "policy": policy or "native", "run_id": f"bench-{config}",
-           "max_defer_steps": 2}
-    args = engine_args(ensure_tiny_model(), usable, cfg)
-    args["scheduler_cls"] = _timed(Scheduler if policy is None else KVClaimsScheduler)
-    if policy is None:
-        args.pop("additional_config")
-    engine = LLMEngine.from_engine_args(EngineArgs(**args))
-    driver = Driver(engine)
-    SPENT[0] = STEPS[0] = 0
-    try:
-        for i in range(0, len(reqs), 16):
-            for name, prompt, claim in reqs[i:i + 16]:
-                driver.submit(name, prompt, claim=claim if config == "hard" else None,
-                              max_tokens=4)
-            driver.run()
-        spent = SPENT[0] / 1e9
-    finally:
-        engine.engine_core.shutdown()
-    events = 0
-    if policy is not None:
-        import json
-
-        events = json.loads((out / "manifest.json").read_text())["events_written"]
-    return spent, events, STEPS[0]
-
-
-def engine_main(args: argparse.Namespace) -> int:
-    """``--engine``: the scheduler's CPU time inside the real engine, plain vs recorded.
-
-    One in-process vLLM CPU engine per configuration, alternated ``--rounds`` times: vLLM's
-    plain ``Scheduler``, the recorder under ``native`` (no claims), and the recorder under
-    ``hard_protected`` with claims, on a prefix-heavy workload (24 shared documents, a pool
-    far smaller than the working set: heavy eviction). Timed: the engine thread's CPU time
-    (``time.thread_time_ns``) inside ``schedule()`` and ``update_from_output()``, i.e. the
-    scheduler's own work with every recorder hook, not the model and not the writer thread.
-    """
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    reqs = engine_workload(args.requests)
-    configs = [c for c in ("plain", "native", "hard") if c in args.configs.split(",")]
-    if "plain" not in configs:
-        print("--configs must include plain (the baseline)", file=sys.stderr)
-        return 2
-    results: dict[str, list[tuple[float, int, int]]] = {c: [] for c in configs}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for config in results:
-                res = run_once(config, reqs, args.usable_blocks, Path(tmp) / f"{config}-{r}")
-                results[config].append(res)
-                print(f"round {r + 1}/{args.rounds} {config:6s} scheduler CPU {res[0]:.3f} s, "
-                      f"{res[1]:,} events, {res[2]:,} steps", file=sys.stderr, flush=True)
-    plain = statistics.median(r[0] for r in results["plain"])
-    plain_steps = int(statistics.median(r[2] for r in results["plain"]))
-    print(f"workload: {args.requests} requests, {args.usable_blocks} usable blocks, "
-          f"{args.rounds} alternating rounds (medians); scheduler = schedule() + "
-          f"update_from_output() CPU time of the engine thread")
-    print(f"{'configuration':28s} {'sched CPU s':>11s} {'ratio':>6s} {'steps':>7s} "
-          f"{'events':>8s} {'added ns/event':>15s}")
-    print(f"{'vLLM Scheduler (plain)':28s} {plain:11.3f} {1.0:6.2f} {plain_steps:7,d} "
-          f"{'-':>8s} {'-':>15s}")
-    for config, label in (("native", "recorder, native"), ("hard", "recorder, hard + claims")):
-        if config not in results:
-            continue
-        spent = statistics.median(r[0] for r in results[config])
-        events = int(statistics.median(r[1] for r in results[config]))
-        steps = int(statistics.median(r[2] for r in results[config]))
-        added = (spent - plain) / events * 1e9 if events else float("nan")
-        print(f"{label:28s} {spent:11.3f} {spent / plain:6.2f} {steps:7,d} {events:8,d} "
-              f"{added:15.0f}")
-    print("NOTE: under hard_protected the claims defer and refuse requests, so the engine runs "
-          "a different schedule (see steps); its ratio is not the recorder's cost alone.")
-    return 0
-
-
 def as_hook_calls(events: list[tuple[str, dict]]) -> list[tuple[str, int, dict]]:
     """Group each request's events by kind into ``emit_many`` entries (what one hook call
     emits: a whole allocation, cache step, hit list, free list or eviction list)."""
@@ -291,16 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--compression", default="zstd", help="zstd, lz4 or none")
-    ap.add_argument("--engine", action="store_true",
-                    help="measure the scheduler's CPU time in the real engine instead")
-    ap.add_argument("--requests", type=int, default=400, help="--engine: requests")
-    ap.add_argument("--usable-blocks", type=int, default=160, help="--engine: pool size")
-    ap.add_argument("--rounds", type=int, default=2, help="--engine: alternating rounds")
-    ap.add_argument("--configs", default="plain,native,hard",
-                    help="--engine: which of plain,native,hard to run (plain is required)")
     args = ap.parse_args(argv)
-    if args.engine:
-        return engine_main(args)
     compression = None if args.compression == "none" else args.compression
     events = workload(args.events)
     n = len(events)
