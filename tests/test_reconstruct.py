@@ -263,3 +263,16 @@ def test_cli_reconstruct_run_dir_writes_next_to_run(tmp_path: Path, capsys) -> N
 def test_cli_reconstruct_missing_path_is_a_clean_error(tmp_path: Path, capsys) -> None:
     assert main(["reconstruct", str(tmp_path / "nope")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_run_without_its_head_labels_every_loss_unknown() -> None:
+    events = shapes.SHAPES["unenforced_60_70_80"]()[300:]  # the first 300 events are gone
+    t = core.reconstruct(_table(events, renumber=False))
+    assert set(labels(t)) == {"unknown"}
+    assert ("missing_head",) in rows(t, "SELECT kind FROM findings")
+
+
+def test_a_run_with_its_head_has_no_missing_head_finding() -> None:
+    t = core.reconstruct(_table(shapes.SHAPES["unenforced_60_70_80"]()))
+    assert ("missing_head",) not in rows(t, "SELECT kind FROM findings")
+    assert "unknown" not in labels(t)

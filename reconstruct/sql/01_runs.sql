@@ -7,6 +7,7 @@ SELECT
     run_id,
     min(seq) AS first_seq,
     max(seq) AS last_seq,
+    arg_min(event, seq) AS first_event,
     count(*) AS n_events,
     arg_min(policy, seq) FILTER (WHERE event = 'run_started') AS started_policy,
     arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
@@ -40,7 +41,7 @@ GROUP BY run_id;
 
 CREATE OR REPLACE TEMP TABLE kv_runs AS
 SELECT
-    r.run_id, r.first_seq, r.last_seq, r.n_events, r.n_gaps, r.finished,
+    r.run_id, r.first_seq, r.first_event, r.last_seq, r.n_events, r.n_gaps, r.finished,
     r.events_written, r.events_dropped, r.gap_seq, h.hole_seq,
     r.block_size, r.schema_version, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
     r.n_hook_failures,
@@ -51,11 +52,16 @@ SELECT
     coalesce(r.started_usable, m.usable_blocks) AS usable_blocks,
     coalesce(m.truncated, false) AS truncated,
     coalesce(p.enforce, false) AS enforcing,
+    -- NOTE: every run starts with run_started at seq 0 (recorder, listener, importers); a
+    -- run whose head is missing may have lost the claims its losses depend on
+    (r.first_seq > 0 OR r.first_event <> 'run_started') AS head_missing,
     -- Every loss at or after this seq is `unknown` (docs/design.md: never guess after a hole).
-    least(r.gap_seq, h.hole_seq) AS unknown_from_seq,
+    least(r.gap_seq, h.hole_seq,
+          CASE WHEN r.first_seq > 0 OR r.first_event <> 'run_started' THEN r.first_seq END)
+        AS unknown_from_seq,
     -- Whether anything after the last event we hold could still change an outcome.
-    (coalesce(m.truncated, false) OR r.gap_seq IS NOT NULL OR h.hole_seq IS NOT NULL)
-        AS has_hole
+    (coalesce(m.truncated, false) OR r.gap_seq IS NOT NULL OR h.hole_seq IS NOT NULL
+     OR r.first_seq > 0 OR r.first_event <> 'run_started') AS has_hole
 FROM kv_ev_runs r
 LEFT JOIN kv_manifest m USING (run_id)
 LEFT JOIN kv_holes h USING (run_id)

@@ -18,6 +18,11 @@ WITH f AS (
            format('seq {} is missing and no recorder_gap covers it', hole_seq)
     FROM kv_runs WHERE hole_seq IS NOT NULL AND (gap_seq IS NULL OR hole_seq < gap_seq)
     UNION ALL
+    SELECT run_id, 'missing_head', 'hole', first_seq, [first_seq], NULL, NULL, NULL, NULL,
+           format('the run starts at seq {} with {} instead of run_started at seq 0: its head '
+                  'is missing, every loss is unknown', first_seq, first_event)
+    FROM kv_runs WHERE head_missing
+    UNION ALL
     SELECT run_id, 'truncated', 'hole', last_seq, [last_seq], NULL, NULL, NULL, NULL,
            format('the run''s last segment is truncated after seq {}: outcomes that could '
                   'still change are unknown', last_seq)
