@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reconstruct import core, loader, synthetic  # noqa: E402
+from kvclaims.audit import open_audit  # noqa: E402
+from reconstruct import loader, synthetic  # noqa: E402
 
 SWEEP_RUNS = 21
 MODE_CLASS = {"best_effort": 0, "soft_priority": 1}  # anything else: residency (2)
@@ -252,8 +253,9 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
 
     start = time.perf_counter()
     cpu0 = cpu_s()
-    tables, _info = core.reconstruct_paths(paths, memory_limit=memory_limit,
-                                           temp_directory=work / "spill", progress=progress)
+    # the audit facade every consumer uses, without the views (the tables are the output)
+    tables = open_audit(paths, memory_limit=memory_limit, temp_directory=work / "spill",
+                        progress=progress, reuse=False, lock=False, views=False)
     t_all = time.perf_counter()
     tables.write(work / "out")
     t_written = time.perf_counter()
@@ -276,7 +278,7 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
         "SELECT label, count(*) FROM losses GROUP BY label ORDER BY label").fetchall())
     pairs = tables.con.sql("SELECT count(*) FROM loss_claims").fetchall()[0][0]
     tables.con.close()
-    t_import = marks["import"] - start
+    t_import = marks["read"] - start
     return {
         "shape": shape, "events": n, "read_s": t_read, "import_s": t_import,
         "label_s": marks["04_labels.sql"] - start, "all_s": t_all - start,

@@ -714,7 +714,8 @@ def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]
 
 def read_run(run: RunDir, report: Callable[[str], None],
              on_hole: Callable[[Hole], None] | None = None, *,
-             sealed: bool = True) -> Iterator[pa.RecordBatch]:
+             sealed: bool = True,
+             warn: Callable[[str], None] | None = None) -> Iterator[pa.RecordBatch]:
     """Yield a run's decoded, checked batches in seq order.
 
     A complete run sealed into ``events.parquet`` is read from it (``sealed=False``: always
@@ -723,8 +724,10 @@ def read_run(run: RunDir, report: Callable[[str], None],
     delivered is reported (``report`` gets one line per problem; ``on_hole`` a ``Hole``): a cut
     last segment, a damaged batch, a segment lacking a required column, a missing head (the run
     does not start with ``run_started`` at seq 0) or a missing tail (a complete run that ends
-    before its manifest says).
+    before its manifest says). ``warn`` (default ``report``) gets what is no hole: a damaged
+    sealed copy whose segments deliver every event instead.
     """
+    warn = warn or report
     skip_through: int | None = None
     entry = _sealed_entry(run) if sealed else None
     if entry is not None:
@@ -743,8 +746,8 @@ def read_run(run: RunDir, report: Callable[[str], None],
                 yield batch
             return
         except (TraceError, pa.ArrowException, OSError, ValueError) as exc:
-            report(f"{run.path / SEALED_NAME}: sealed copy unusable ({_one_line(exc)}); "
-                   "reading the segments instead")
+            warn(f"{run.path / SEALED_NAME}: sealed copy unusable ({_one_line(exc)}); "
+                 "reading the segments instead")
             skip_through = prev_sealed
     yield from _read_segments(run, report, on_hole, skip_through)
 

@@ -27,8 +27,9 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from recorder.schema import ARROW_SCHEMA
+from recorder.schema import ARROW_SCHEMA, SCHEMA_VERSION
 from recorder.trace_writer import RunWriter
+from reconstruct.jsonl import events_to_table
 
 EVENT_NAMES = ["request_arrived", "claim_submitted", "claim_accepted", "claim_bound",
                "request_admitted", "block_evicted", "block_allocated", "block_cached",
@@ -198,9 +199,14 @@ def write_trace(out: Path, events: int, n: int = 8, pool: int = 4096, *, reset_e
     shape = shape or Shape(n=n, pool=pool, reset_every=reset_every)
     requests = max(1, int(events / events_per_request(shape)))
     step = 20_000
-    seq = 0
     with RunWriter(out, {"run_id": run_id, "policy": "native", "usable_blocks": shape.pool,
                          "runtime": "synthetic"}, rotate_bytes=256 << 20) as w:
+        # NOTE: every run starts with run_started at seq 0 (a run without its head is unknown)
+        w.write_batch(events_to_table([{
+            "run_id": run_id, "seq": 0, "ts_ns": 0, "event": "run_started",
+            "runtime": "synthetic", "policy": "native", "usable_blocks": shape.pool,
+            "num_blocks": shape.pool + 1, "schema_version": SCHEMA_VERSION}]).to_batches()[0])
+        seq = 1
         for r0 in tqdm(range(0, requests, step), desc="generate", unit="chunk",
                        disable=not progress):
             batch = chunk_batch(r0, min(requests, r0 + step), shape.n, shape.pool, seq, run_id,

@@ -278,3 +278,39 @@ def test_writes_resume_after_the_back_off(tmp_path: Path,
     trace = load_runs([tmp_path / "run"])
     assert trace.events.column("seq").to_pylist() == list(range(10)) + list(range(20, 30))
     assert trace.manifests["d"]["write_failures"] == 1
+
+
+def _summary(run: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kvclaims.cli import main
+
+    code = main(["reconstruct", str(run), "--out", str(out)])
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines()[1], captured.err
+
+
+def test_a_damaged_sealed_copy_is_reported_and_the_segments_give_the_same_audit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "traces" / "multi_tenant", run,
+                    ignore=shutil.ignore_patterns("reconstructed"))
+    intact = _summary(run, tmp_path / "a", capsys)
+    sealed = run / "events.parquet"
+    data = bytearray(sealed.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64  # inside the column pages
+    sealed.write_bytes(bytes(data))
+    code, line, err = _summary(run, tmp_path / "b", capsys)
+    assert "sealed copy unusable" in err and "reading the segments instead" in err
+    assert (code, line) == intact[:2] and "truncated" not in line
+
+
+def test_an_intact_sealed_copy_reads_without_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "traces" / "multi_tenant", run,
+                    ignore=shutil.ignore_patterns("reconstructed"))
+    code, _line, err = _summary(run, tmp_path / "a", capsys)
+    assert code == 0 and "sealed copy" not in err
