@@ -37,8 +37,18 @@ def vllm_helpers() -> Any:
         root = vllm_upstream.vllm_tests()
     except vllm_upstream.RegistryUnreachable as exc:
         pytest.skip(f"vLLM's source distribution is not cached and {exc}")
+    # NOTE: vLLM's tests are a package named `tests`, like this repository's: import them
+    # with ours set aside, then put ours back (vLLM's helper keeps what it imported)
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules)
+            if k == "tests" or k.startswith("tests.")}
     sys.path.insert(0, str(root))
-    from tests.v1.core import utils  # vLLM's package, not this repository's tests/
+    try:
+        from tests.v1.core import utils  # vLLM's package, not this repository's tests/
+    finally:
+        sys.path.remove(str(root))
+        for k in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
+            del sys.modules[k]
+        sys.modules.update(ours)
 
     utils.MODEL_DIR = str(root / "facebook" / "opt-125m")
     return utils
