@@ -16,6 +16,7 @@ import pyarrow as pa
 from reconstruct import core, loader, shapes
 from reconstruct.jsonl import events_to_table
 from reconstruct.shapes import TraceBuilder, block_hash
+from reconstruct.shapes import _cache  # a request caching n fresh blocks: one helper for both
 
 Events = list[dict[str, Any]]
 CLAIM = "claim:doc"
@@ -45,21 +46,6 @@ def verdicts(t: core.Tables) -> dict[str, tuple[str, str]]:
     """check -> (verdict, detail) of a one-run reconstruction."""
     rows = t.con.sql('SELECT "check", verdict, detail FROM conformance').fetchall()
     return {c: (v, d) for c, v, d in rows}
-
-
-def _cache(b: TraceBuilder, request: str, n: int, first_block: int = 1) -> list[int]:
-    """A request caches n fresh blocks (block ids first_block..) and finishes."""
-    hashes = [block_hash(request, i) for i in range(n)]
-    b.emit("request_arrived", request_id=request, tenant="tenant-a", num_prompt_tokens=n * 16)
-    b.emit("request_admitted", request_id=request, blocks_required=n, free_blocks=8,
-           protected_blocks=0, usable_blocks=8)
-    for i, h in enumerate(hashes):
-        b.emit("block_allocated", block_id=first_block + i, request_id=request)
-        b.emit("block_cached", block_id=first_block + i, block_hash=h, position=i,
-               request_id=request)
-    b.emit("request_finished", request_id=request, finish_reason="stop", num_cached_tokens=0,
-           num_output_tokens=1)
-    return hashes
 
 
 def _claim(b: TraceBuilder, hashes: list[int], *, claim: str = CLAIM, tenant: str = "tenant-a",
