@@ -34,6 +34,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
@@ -307,26 +308,36 @@ def segment_name(index: int) -> str:
     return f"{SEGMENT_PREFIX}{index:06d}{SEGMENT_SUFFIX}"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` so that readers see either the old or the new file.
+@contextmanager
+def replacing(final: Path) -> Iterator[Path]:
+    """Yield a tmp path beside ``final``; once the block wrote it, fsync it and rename it over
+    ``final``. A failure removes the tmp file (a full disk must not keep a half file around).
 
-    NOTE: tmp + fsync + ``os.replace``: a crash mid-write leaves the previous manifest intact.
-    A failed write removes its tmp file (a full disk must not keep a half file around).
+    NOTE: readers see either the old file or the new one, never a half-written one.
     """
-    tmp = path.with_name(path.name + ".tmp")
-    data = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    tmp = final.with_name(final.name + ".tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(data)
-            fh.flush()
+        yield tmp
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, final)
     except BaseException:
         try:
             tmp.unlink()
         except OSError:
             pass
         raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` so that readers see either the old or the new file.
+
+    NOTE: tmp + fsync + ``os.replace``: a crash mid-write leaves the previous manifest intact.
+    A failed write removes its tmp file (a full disk must not keep a half file around).
+    """
+    data = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    with replacing(path) as tmp:
+        tmp.write_text(data, encoding="utf-8")
 
 
 class WriteError(OSError):
@@ -505,10 +516,9 @@ def seal_segments(run_dir: Path, files: list[str]) -> dict[str, Any]:
 
     schema = plain_schema()
     final = run_dir / SEALED_NAME
-    tmp = run_dir / (SEALED_NAME + ".tmp")
     rows = 0
     pending: list[pa.RecordBatch] = []
-    try:
+    with replacing(final) as tmp:
         with pq.ParquetWriter(str(tmp), schema, compression="zstd",
                               write_page_checksum=True) as out:
             def flush() -> None:
@@ -524,15 +534,6 @@ def seal_segments(run_dir: Path, files: list[str]) -> dict[str, Any]:
                         if sum(b.num_rows for b in pending) >= SEAL_ROW_GROUP:
                             flush()
             flush()
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
     return {"file": SEALED_NAME, "format": "parquet", "events": rows,
             "bytes": final.stat().st_size}
 
