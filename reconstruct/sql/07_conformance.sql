@@ -403,6 +403,21 @@ WITH fk AS (
                ELSE 'pass'
            END AS why
     FROM judged j
+), evidence_claim_seqs AS (
+    -- the claim instances each verdict's evidence is about, one row each
+    -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
+    SELECT DISTINCT run_id, check_name,
+           unnest(CASE WHEN why IN ('fail', 'fail_after_hook') THEN fail_claim_seqs
+                       WHEN why IN ('pass', 'hole', 'after_hook') THEN pass_claim_seqs
+                  END) AS claim_seq
+    FROM decided
+), evidence_claims AS (
+    SELECT e.run_id, e.check_name,
+           list({'claim_id': f.claim_id, 'claim_seq': f.claim_seq} ORDER BY f.claim_seq)
+               AS claims
+    FROM evidence_claim_seqs e
+    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
+    GROUP BY e.run_id, e.check_name
 )
 SELECT
     d.run_id, d.check_name AS "check", d.title,
@@ -438,16 +453,9 @@ SELECT
     END AS detail,
     d.needs,
     -- the claim instances the evidence is about: (claim_id, claim_seq), by claim_seq
-    coalesce((SELECT list({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}
-                          ORDER BY f.claim_seq)
-              FROM kv_claim_facts f
-              WHERE f.run_id = d.run_id
-                AND list_contains(CASE WHEN d.why IN ('fail', 'fail_after_hook')
-                                           THEN d.fail_claim_seqs
-                                       WHEN d.why IN ('pass', 'hole', 'after_hook')
-                                           THEN d.pass_claim_seqs END, f.claim_seq)),
-             []) AS evidence_claims
+    coalesce(ec.claims, []) AS evidence_claims
 FROM decided d
+LEFT JOIN evidence_claims ec ON ec.run_id = d.run_id AND ec.check_name = d.check_name
 ORDER BY d.run_id, d.ord;
 
 -- What the runtime does with each protection mode (issue 8 item 3): enforced | approximated |

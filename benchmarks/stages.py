@@ -1,0 +1,163 @@
+"""Per-statement cost of the reconstruction's SQL stages (reconstruct/sql/*.sql).
+
+    python benchmarks/stages.py [--events N] [--shapes sparse,dense,sweep] [--work DIR]
+                                [--save DIR | --compare DIR] [--stages 05,06,07]
+
+For each shape (the traces of benchmarks/reconstruct.py, written once under ``--work`` and
+reused), the events are imported into a fresh on-disk DuckDB database as ``kvclaims.open``
+does, every stage runs once through ``core.run_stages``, and each statement's wall time is
+printed with the stage it belongs to and the table it makes, slowest first within a stage,
+then the seconds per stage.
+
+``--save DIR`` writes every reconstructed table (sorted) to ``DIR/<shape>/<table>.parquet``;
+``--compare DIR`` checks the tables of this run against such a saved set, row for row (the
+way to show that a rewrite of a stage changes cost, not content).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.reconstruct import write_shape  # noqa: E402
+from reconstruct import core, loader  # noqa: E402
+
+_TARGET_RE = re.compile(r"CREATE\s+OR\s+REPLACE\s+(?:TEMP\s+)?TABLE\s+(\w+)", re.IGNORECASE)
+COMPARED = core.TABLE_NAMES + ("lowering",)
+
+
+class TimedConnection:
+    """A DuckDB connection whose ``execute`` records (stage, statement target, seconds)."""
+
+    def __init__(self, con: Any) -> None:
+        self._con = con
+        self.stage = "01_runs.sql"
+        self.times: list[tuple[str, str, float]] = []
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = self._con.execute(sql, *args)
+        m = _TARGET_RE.search(sql)
+        self.times.append((self.stage, m.group(1) if m else sql.split()[0].lower(),
+                           time.perf_counter() - t0))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+
+def shape_paths(work: Path, shape: str, events: int) -> list[Path]:
+    """The shape's run directories under ``work`` (written on first use)."""
+    done = work / f"{shape}-{events}.done"
+    root = work / f"{shape}-{events}"
+    if not done.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        paths, _ = write_shape(root, shape, events)
+        done.write_text("\n".join(str(p) for p in paths))
+    return [Path(p) for p in done.read_text().splitlines()]
+
+
+def time_stages(paths: list[Path], work: Path) -> tuple[Any, TimedConnection, int, str]:
+    """Import ``paths`` and run every stage with per-statement timing."""
+    runs = loader.open_runs(paths)
+    info = core.StreamedInput({}, {}, [], set())
+    con, tmp = core.open_database(temp_directory=work / "spill")
+    t0 = time.perf_counter()
+    n = core.import_events(con, core.stream_runs(runs, info), info)
+    print(f"  import: {time.perf_counter() - t0:6.2f} s  ({n:,} events)", flush=True)
+    timed = TimedConnection(con)
+    stages = list(core.STAGES)
+
+    def progress(stage: str) -> None:
+        i = stages.index(stage)
+        if i + 1 < len(stages):
+            timed.stage = stages[i + 1]
+
+    core.run_stages(timed, manifests=info.manifests, truncated_runs=info.truncated_runs,
+                    progress=progress, persist=False)
+    return con, timed, n, tmp
+
+
+def report(timed: TimedConnection, only: list[str]) -> dict[str, float]:
+    """Print statement and stage seconds; return seconds per stage."""
+    per_stage: dict[str, float] = {}
+    for stage, _target, s in timed.times:
+        per_stage[stage] = per_stage.get(stage, 0.0) + s
+    for stage in core.STAGES:
+        if only and not any(stage.startswith(p) for p in only):
+            continue
+        targets: dict[str, float] = {}  # NOTE: the pass inserts per window: summed per target
+        for st, target, s in timed.times:
+            if st == stage:
+                targets[target] = targets.get(target, 0.0) + s
+        print(f"  {stage:20s} {per_stage.get(stage, 0.0):7.3f} s", flush=True)
+        for target, s in sorted(targets.items(), key=lambda r: -r[1]):
+            if s >= 0.005:
+                print(f"      {target:28s} {s:7.3f} s")
+    return per_stage
+
+
+def ordered(con: Any, name: str) -> Any:
+    """A table's rows in a total order (every column), as Arrow."""
+    cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
+    order = ", ".join(f'"{c}"' for c in cols)
+    return con.sql(f"SELECT * FROM {name} ORDER BY {order}").to_arrow_table()
+
+
+def save_or_compare(con: Any, shape_dir: Path, save: bool) -> bool:
+    """Write every compared table to ``shape_dir``, or check them against it."""
+    import pyarrow.parquet as pq
+
+    ok = True
+    shape_dir.mkdir(parents=True, exist_ok=True)
+    for name in COMPARED:
+        table = ordered(con, name)
+        path = shape_dir / f"{name}.parquet"
+        if save:
+            pq.write_table(table, path)
+            continue
+        want = pq.read_table(path)
+        same = want.schema == table.schema and want.equals(table)
+        print(f"  compare {name:12s} {table.num_rows:9,} rows: "
+              f"{'identical' if same else 'DIFFERENT'}", flush=True)
+        ok &= same
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--shapes", default="sparse,dense,sweep")
+    ap.add_argument("--work", default="/tmp/kvclaims-stages", help="trace cache directory")
+    ap.add_argument("--stages", default="", help="comma-separated stage prefixes to print")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--save", metavar="DIR", help="save every table for a later --compare")
+    g.add_argument("--compare", metavar="DIR", help="compare every table with a --save")
+    args = ap.parse_args(argv)
+    work = Path(args.work)
+    only = [p for p in args.stages.split(",") if p]
+    ok = True
+    for shape in args.shapes.split(","):
+        print(f"{shape} ({args.events:,} events)", flush=True)
+        paths = shape_paths(work, shape, args.events)
+        con, timed, _n, tmp = time_stages(paths, work)
+        try:
+            per_stage = report(timed, only)
+            print(f"  total 05-07: {sum(s for k, s in per_stage.items() if k >= '05'):.3f} s; "
+                  f"all stages: {sum(per_stage.values()):.3f} s", flush=True)
+            if args.save or args.compare:
+                ok &= save_or_compare(con, Path(args.save or args.compare) / shape,
+                                      save=bool(args.save))
+        finally:
+            core.drop_database(con, tmp)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
