@@ -87,22 +87,23 @@ WITH fk AS (
     FROM fails f JOIN fk k ON k.kind = f.kind
 ), c AS (
     SELECT * FROM kv_claim_facts
+), covered AS (
+    -- each loss with a claim accepted before it (harm: with such a claim labelling it harm)
+    SELECT run_id, seq, block_id, bool_or(label = 'harm') AS harm
+    FROM loss_claims
+    WHERE accepted_seq < seq
+    GROUP BY run_id, seq, block_id
 ), uncovered AS (
-    -- L1: losses not covered by any claim accepted before them (one pass, per run)
-    SELECT l.run_id, count(*) AS n, min(l.seq, 10) AS first_seqs
+    -- L1: losses not covered by any claim accepted before them (one pass, per run); n and
+    -- first_seqs are NULL when there is none
+    -- NOTE: one equality join of the losses with `covered`, not a NOT EXISTS per loss
+    SELECT l.run_id,
+           nullif(count(*) FILTER (WHERE x.seq IS NULL), 0) AS n,
+           min(l.seq, 10) FILTER (WHERE x.seq IS NULL) AS first_seqs,
+           list(l.seq ORDER BY l.seq) FILTER (WHERE l.label = 'harm'
+                                                AND NOT coalesce(x.harm, false)) AS harm_seqs
     FROM losses l
-    WHERE NOT EXISTS (SELECT 1 FROM loss_claims x
-                      WHERE x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
-                        AND x.accepted_seq < x.seq)
-    GROUP BY l.run_id
-), uncovered_harm AS (
-    SELECT l.run_id, list(l.seq ORDER BY l.seq) AS seqs
-    FROM losses l
-    WHERE l.label = 'harm'
-      AND NOT EXISTS (SELECT 1 FROM loss_claims x
-                      WHERE x.run_id = l.run_id AND x.seq = l.seq
-                        AND x.block_id = l.block_id AND x.label = 'harm'
-                        AND x.accepted_seq < x.seq)
+    LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
     GROUP BY l.run_id
 ), denied AS (
     -- L2: each reuse-denied request, whether it was served, and the residents lost while it ran
@@ -131,22 +132,30 @@ WITH fk AS (
     FROM feasibility f
     JOIN c ON c.run_id = f.run_id AND list_contains(f.protected_claim_seqs, c.claim_seq)
     WHERE NOT f.feasible AND c.protection_mode = 'hard_protected'
+), released_losses AS (
+    -- L4 / L5: per demoted (expired) instance, its losses after the release; from loss_claims
+    -- alone (it carries release_seq/release_event), joined to the instances below
+    SELECT run_id, claim_seq,
+           count(*) FILTER (WHERE seq > release_seq) AS n_later,
+           min(seq) FILTER (WHERE seq > release_seq) AS first_later_seq,
+           count(*) FILTER (WHERE seq > release_seq AND label = 'relaxation') AS n_relaxation,
+           count(*) FILTER (WHERE seq > release_seq AND label = 'expiry') AS n_expiry,
+           count(*) FILTER (WHERE seq > release_seq
+                              AND label NOT IN ('relaxation', 'expiry')) AS n_other,
+           list(seq ORDER BY seq) FILTER (WHERE label = 'harm') AS harm_seqs
+    FROM loss_claims
+    WHERE release_event IN ('claim_demoted', 'claim_expired')
+    GROUP BY run_id, claim_seq
 ), released AS (
-    -- L4 / L5: the losses of each demoted (expired) instance after its release
+    -- n_later: how many losses followed the release (0: none)
     SELECT c.run_id, c.claim_seq, c.release_event, c.release_seq, c.ttl_s,
-           c.expired_ts_ns, c.accepted_ts_ns,
-           list(x.seq ORDER BY x.seq) FILTER (WHERE x.seq > c.release_seq) AS later_losses,
-           count(x.seq) FILTER (WHERE x.seq > c.release_seq AND x.label = 'relaxation')
-               AS n_relaxation,
-           count(x.seq) FILTER (WHERE x.seq > c.release_seq AND x.label = 'expiry')
-               AS n_expiry,
-           count(x.seq) FILTER (WHERE x.seq > c.release_seq
-                                  AND x.label NOT IN ('relaxation', 'expiry')) AS n_other,
-           list(x.seq ORDER BY x.seq) FILTER (WHERE x.label = 'harm') AS harm_seqs
+           c.expired_ts_ns, c.accepted_ts_ns, coalesce(x.n_later, 0) AS n_later,
+           x.first_later_seq, coalesce(x.n_relaxation, 0) AS n_relaxation,
+           coalesce(x.n_expiry, 0) AS n_expiry, coalesce(x.n_other, 0) AS n_other,
+           x.harm_seqs
     FROM c
-    LEFT JOIN loss_claims x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
+    LEFT JOIN released_losses x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
     WHERE c.release_event IN ('claim_demoted', 'claim_expired')
-    GROUP BY ALL
 ), cached AS (
     -- L7: requests whose num_cached_tokens can be compared with the trace
     SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
@@ -171,7 +180,7 @@ WITH fk AS (
            u.n IS NOT NULL
            OR EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
                       AND e.event = 'claim_harmed') AS exercised,
-           uh.seqs AS fail_seqs,
+           u.harm_seqs AS fail_seqs,
            -- the 10 smallest seqs, ascending
            u.first_seqs AS pass_seqs,
            format('{} loss(es) without an accepted claim, none labelled harm', coalesce(u.n, 0))
@@ -179,7 +188,6 @@ WITH fk AS (
            NULL::BIGINT[] AS pass_claim_seqs
     FROM kv_runs r
     LEFT JOIN uncovered u ON u.run_id = r.run_id
-    LEFT JOIN uncovered_harm uh ON uh.run_id = r.run_id
     UNION ALL
     -- L2: write no-admit serves the active request, yet residents are still evicted ----------
     SELECT r.run_id, 'L2',
@@ -233,7 +241,7 @@ WITH fk AS (
     -- L4 / L5: a demotion (expiry) strictly precedes every later loss of that instance --------
     SELECT r.run_id, t.check_name,
            EXISTS (SELECT 1 FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-                     AND len(coalesce(x.later_losses, [])) > 0),
+                     AND x.n_later > 0),
            nullif(coalesce((SELECT flatten(list(coalesce(x.harm_seqs, []::BIGINT[])
                                                || CASE WHEN t.ev = 'claim_expired'
                                                         AND x.ttl_s IS NOT NULL
@@ -243,18 +251,18 @@ WITH fk AS (
                                                        ELSE []::BIGINT[] END))
                             FROM released x WHERE x.run_id = r.run_id
                               AND x.release_event = t.ev), []::BIGINT[]), []::BIGINT[]),
-           (SELECT flatten(list([x.release_seq, x.later_losses[1]]))
+           (SELECT flatten(list([x.release_seq, x.first_later_seq]))
             FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-              AND len(coalesce(x.later_losses, [])) > 0),
+              AND x.n_later > 0),
            (SELECT format('{} {} claim instance(s) later lost {} block(s): {} labelled {}, {} '
                           'otherwise, none harm', count(*), t.ev,
-                          sum(len(x.later_losses)),
+                          sum(x.n_later),
                           sum(CASE WHEN t.ev = 'claim_expired' THEN x.n_expiry
                                    ELSE x.n_relaxation END), t.label, sum(x.n_other))
             FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-              AND len(coalesce(x.later_losses, [])) > 0),
+              AND x.n_later > 0),
            (SELECT list(x.claim_seq) FROM released x WHERE x.run_id = r.run_id
-              AND x.release_event = t.ev AND len(coalesce(x.later_losses, [])) > 0)
+              AND x.release_event = t.ev AND x.n_later > 0)
     FROM kv_runs r,
          (VALUES ('L4', 'claim_demoted', 'relaxation'),
                  ('L5', 'claim_expired', 'expiry')) t(check_name, ev, label)
