@@ -17,10 +17,58 @@
 -- feasible: protected + required <= usable (docs/design.md, "Feasibility").
 -- The runtime's own figures stay beside them (runtime_*); agrees: both verdicts are equal.
 
+-- The events stages 05-07 read besides the block timeline, scanned once: request decisions
+-- and lifecycle, claim lifecycle and runtime reports after submission, resets, gaps and hook
+-- failures, with the columns those stages read.
+-- NOTE: the one scan of `events` for these kinds; 05_outcomes, 06_findings and 07_conformance
+-- read this table. Block events and claim bindings, the bulk of a trace, are left out, and so
+-- are the columns nobody reads here (reading all of `events`' columns costs several times more).
+CREATE OR REPLACE TEMP TABLE kv_stage_events AS
+SELECT run_id, seq, ts_ns, step, event, request_id, tenant, claim_id, block_hash,
+       -- decisions and requests
+       num_prompt_tokens, protected_blocks, blocks_required, usable_blocks, free_blocks,
+       shortfall_blocks, blocking_claim_ids, finish_reason, num_cached_tokens,
+       num_output_tokens,
+       -- releases, refusals, gaps, hook failures
+       reason, released_by, first_seq, last_seq, events_dropped, hook, error_type
+FROM events
+WHERE event IN ('request_arrived', 'request_admitted', 'request_deferred', 'request_refused',
+                'request_preempted', 'request_finished', 'reuse_denied', 'claim_accepted',
+                'claim_rejected', 'claim_demoted', 'claim_expired', 'claim_released',
+                'claim_release_refused', 'claim_materialized', 'claim_harmed', 'cache_reset',
+                'recorder_gap', 'hook_failed');
+
+-- A request's block events, one row per (request, scheduler step), or per event when the
+-- trace has no steps (the stepless admission join below needs each one's seq):
+-- n_allocated / n_cached / n_hit: its block_allocated / block_cached / block_hit events;
+-- n_hit_after_admission: its hits after its last admission (the admission that served it).
+-- NOTE: the one scan of the block events in stages 05-07 (05_outcomes reads it too).
+CREATE OR REPLACE TEMP TABLE kv_request_blocks AS
+WITH last_adm AS (
+    SELECT run_id, request_id, max(seq) AS last_admitted_seq
+    FROM kv_stage_events
+    WHERE event = 'request_admitted' AND request_id IS NOT NULL
+    GROUP BY run_id, request_id
+), b AS (
+    SELECT e.run_id, e.request_id, e.step, CASE WHEN e.step IS NULL THEN e.seq END AS seq,
+           e.event, e.seq > coalesce(a.last_admitted_seq, -1) AS after_admission
+    FROM events e
+    LEFT JOIN last_adm a ON a.run_id = e.run_id AND a.request_id = e.request_id
+    WHERE e.event IN ('block_allocated', 'block_cached', 'block_hit')
+      AND e.request_id IS NOT NULL
+)
+SELECT run_id, request_id, step, seq,
+       count(*) FILTER (WHERE event = 'block_allocated') AS n_allocated,
+       count(*) FILTER (WHERE event = 'block_cached') AS n_cached,
+       count(*) FILTER (WHERE event = 'block_hit') AS n_hit,
+       count(*) FILTER (WHERE event = 'block_hit' AND after_admission) AS n_hit_after_admission
+FROM b
+GROUP BY run_id, request_id, step, seq;
+
 CREATE OR REPLACE TEMP TABLE kv_decisions AS
 SELECT run_id, seq, ts_ns, step, event, request_id, protected_blocks, blocks_required,
        usable_blocks, free_blocks, shortfall_blocks, blocking_claim_ids
-FROM events
+FROM kv_stage_events
 WHERE event IN ('request_admitted', 'request_deferred', 'request_refused', 'request_preempted')
   AND request_id IS NOT NULL;
 
@@ -32,29 +80,30 @@ WITH adm AS (
     SELECT run_id, request_id, seq AS adm_seq, step AS adm_step
     FROM kv_decisions WHERE event = 'request_admitted'
 ), per_step AS (
-    SELECT run_id, request_id, step, count(*) FILTER (WHERE event = 'block_allocated') AS n,
-           count(*) AS n_blocks
-    FROM events
-    WHERE event IN ('block_allocated', 'block_hit') AND step IS NOT NULL
-      AND request_id IS NOT NULL
-    GROUP BY ALL
+    SELECT run_id, request_id, step, n_allocated AS n, n_allocated + n_hit AS n_blocks
+    FROM kv_request_blocks
+    WHERE step IS NOT NULL
 ), life AS (
     SELECT run_id, request_id, seq, event,
            lead(seq) OVER (PARTITION BY run_id, request_id ORDER BY seq) AS next_seq
     FROM (SELECT run_id, request_id, seq, event FROM kv_decisions WHERE step IS NULL
           UNION ALL
-          SELECT run_id, request_id, seq, event FROM events
+          SELECT run_id, request_id, seq, event FROM kv_stage_events
           WHERE event = 'request_finished' AND request_id IS NOT NULL AND step IS NULL)
 ), adm_stepless AS (
     SELECT run_id, request_id, seq AS adm_seq, next_seq AS adm_end
     FROM life WHERE event = 'request_admitted'
 ), alloc_stepless AS (
-    SELECT x.run_id, x.request_id, x.seq, x.event, a.adm_seq, a.adm_end
-    FROM (SELECT run_id, request_id, seq, event FROM events
-          WHERE event IN ('block_allocated', 'block_hit') AND request_id IS NOT NULL
-            AND step IS NULL) x
-    ASOF JOIN adm_stepless a ON a.run_id = x.run_id AND a.request_id = x.request_id
-                            AND x.seq > a.adm_seq
+    -- each stepless allocation or hit, with the request's latest stepless admission before it
+    -- NOTE: admissions' seqs grow with seq, so the running max is the latest one
+    SELECT run_id, request_id, seq, n_allocated, n_hit,
+           max(adm_seq) OVER (PARTITION BY run_id, request_id ORDER BY seq
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS adm_seq
+    FROM (SELECT run_id, request_id, seq, n_allocated, n_hit, NULL::BIGINT AS adm_seq
+          FROM kv_request_blocks
+          WHERE step IS NULL AND n_allocated + n_hit > 0
+          UNION ALL
+          SELECT run_id, request_id, adm_seq, 0, 0, adm_seq FROM adm_stepless)
 )
 -- NOTE: an admission with neither an allocation nor a hit in the trace has no evidence of its
 -- blocks: NULL here, so feasibility falls back to the prompt's blocks (never a guessed 0)
@@ -66,37 +115,43 @@ LEFT JOIN per_step c
 WHERE a.adm_step IS NOT NULL
 UNION ALL
 SELECT a.run_id, a.request_id, a.adm_seq,
-       CASE WHEN count(x.seq) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end) > 0
-            THEN count(x.seq) FILTER (WHERE (a.adm_end IS NULL OR x.seq < a.adm_end)
-                                        AND x.event = 'block_allocated') END AS allocated,
-       count(x.seq) FILTER (WHERE (a.adm_end IS NULL OR x.seq < a.adm_end)
-                              AND x.event = 'block_hit') AS hits
+       CASE WHEN sum(x.n_allocated + x.n_hit) FILTER (WHERE a.adm_end IS NULL
+                                                        OR x.seq < a.adm_end) > 0
+            THEN sum(x.n_allocated) FILTER (WHERE a.adm_end IS NULL
+                                              OR x.seq < a.adm_end)::BIGINT END AS allocated,
+       coalesce(sum(x.n_hit) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end),
+                0)::BIGINT AS hits
 FROM adm_stepless a
 LEFT JOIN alloc_stepless x
   ON x.run_id = a.run_id AND x.request_id = a.request_id AND x.adm_seq = a.adm_seq
+     AND x.seq > a.adm_seq
 GROUP BY a.run_id, a.request_id, a.adm_seq;
 
 CREATE OR REPLACE TABLE feasibility AS
 WITH prompt AS (
     SELECT e.run_id, e.request_id,
            arg_min(e.num_prompt_tokens, e.seq) AS num_prompt_tokens
-    FROM events e WHERE e.event = 'request_arrived' AND e.request_id IS NOT NULL
+    FROM kv_stage_events e WHERE e.event = 'request_arrived' AND e.request_id IS NOT NULL
     GROUP BY ALL
-), bsize AS (
-    SELECT run_id, arg_min(block_size, seq) AS block_size
-    FROM events WHERE event = 'run_started' GROUP BY run_id
+), next_adm AS (
+    -- each deferral or preemption with the request's next admission (at or after it)
+    SELECT run_id, seq, request_id, event,
+           min(CASE WHEN event = 'request_admitted' THEN seq END) OVER (
+               PARTITION BY run_id, request_id ORDER BY seq
+               ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_adm_seq
+    FROM kv_decisions
 ), later AS (
     SELECT d.run_id, d.seq, a.allocated, a.hits
-    FROM (SELECT * FROM kv_decisions
-          WHERE event IN ('request_deferred', 'request_preempted')) d
-    ASOF JOIN kv_admission_allocs a
-      ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq >= d.seq
+    FROM next_adm d
+    JOIN kv_admission_allocs a
+      ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.next_adm_seq
+    WHERE d.event IN ('request_deferred', 'request_preempted')
 ), f AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
            s.protected_blocks,
            coalesce(
-               greatest(0, ceil(p.num_prompt_tokens / NULLIF(b.block_size, 0))::BIGINT
+               greatest(0, ceil(p.num_prompt_tokens / NULLIF(r.block_size, 0))::BIGINT
                            - coalesce(a.hits, CASE WHEN a.adm_seq IS NULL THEN l.hits END, 0)),
                a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END)
                AS required_blocks,
@@ -109,7 +164,6 @@ WITH prompt AS (
     FROM kv_decisions d
     JOIN kv_runs r ON r.run_id = d.run_id
     LEFT JOIN kv_admission_state s ON s.run_id = d.run_id AND s.seq = d.seq
-    LEFT JOIN bsize b ON b.run_id = d.run_id
     LEFT JOIN prompt p ON p.run_id = d.run_id AND p.request_id = d.request_id
     -- the decision's own admission (equality), else the request's next one (deferrals)
     LEFT JOIN kv_admission_allocs a

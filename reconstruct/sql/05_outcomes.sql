@@ -10,25 +10,36 @@ CREATE OR REPLACE TEMP TABLE kv_claim_refs AS
 WITH refs AS (
     SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason,
            block_hash
-    FROM events
+    FROM kv_stage_events
     WHERE event IN ('claim_released', 'claim_release_refused', 'claim_materialized',
                     'claim_harmed')
       AND claim_id IS NOT NULL
     UNION ALL
     SELECT run_id, seq, event, unnest(blocking_claim_ids) AS claim_id, request_id, NULL, NULL,
            NULL, NULL
-    FROM events
+    FROM kv_stage_events
     WHERE event IN ('request_deferred', 'request_refused', 'request_preempted')
       AND blocking_claim_ids IS NOT NULL
-), inst AS (
-    SELECT run_id, claim_id, claim_seq FROM kv_claim_facts
+), merged AS (
+    -- the references and the instances of each claim id, in seq order (instance rows carry
+    -- inst_seq); the running max is the latest instance so far, the min over the rest the next
+    -- NOTE: an instance's seq is its claim_seq, and claim_seqs grow with seq
+    SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
+           is_ref,
+           max(inst_seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq, is_ref
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS latest_seq,
+           min(inst_seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq, is_ref
+                               ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_seq
+    FROM (SELECT *, true AS is_ref, NULL::BIGINT AS inst_seq FROM refs
+          UNION ALL
+          SELECT run_id, claim_seq, NULL, claim_id, NULL, NULL, NULL, NULL, NULL, false,
+                 claim_seq
+          FROM kv_claim_facts)
 )
-SELECT r.*,
-       coalesce(i.claim_seq, (SELECT min(j.claim_seq) FROM inst j
-                              WHERE j.run_id = r.run_id AND j.claim_id = r.claim_id
-                                AND j.claim_seq > r.seq)) AS claim_seq
-FROM refs r
-ASOF LEFT JOIN inst i ON i.run_id = r.run_id AND i.claim_id = r.claim_id AND r.seq >= i.claim_seq;
+SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
+       coalesce(latest_seq, next_seq) AS claim_seq
+FROM merged
+WHERE is_ref;
 
 CREATE OR REPLACE TABLE claims AS
 WITH lost AS (
@@ -118,7 +129,7 @@ WITH arrived AS (
     SELECT run_id, request_id, min(seq) AS arrived_seq, arg_min(tenant, seq) AS tenant,
            arg_min(claim_id, seq) AS claim_id,
            arg_min(num_prompt_tokens, seq) AS num_prompt_tokens
-    FROM events WHERE event = 'request_arrived' AND request_id IS NOT NULL
+    FROM kv_stage_events WHERE event = 'request_arrived' AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), steps AS (
     SELECT
@@ -131,7 +142,7 @@ WITH arrived AS (
         min(seq) FILTER (WHERE event = 'request_preempted') AS first_preempted_seq,
         max(seq) FILTER (WHERE event = 'request_preempted') AS last_preempted_seq,
         min(seq) FILTER (WHERE event = 'reuse_denied') AS reuse_denied_seq
-    FROM events
+    FROM kv_stage_events
     WHERE request_id IS NOT NULL
       AND event IN ('request_admitted', 'request_deferred', 'request_preempted', 'reuse_denied')
     GROUP BY run_id, request_id
@@ -142,33 +153,37 @@ WITH arrived AS (
            arg_min(free_blocks, seq) AS preempted_free_blocks,
            arg_min(usable_blocks, seq) AS preempted_usable_blocks,
            arg_min(blocking_claim_ids, seq) AS preempted_blocking_claim_ids
-    FROM events WHERE event = 'request_preempted' AND request_id IS NOT NULL
+    FROM kv_stage_events WHERE event = 'request_preempted' AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), refused AS (
     SELECT run_id, request_id, min(seq) AS refused_seq,
            arg_min(blocking_claim_ids, seq) AS blocking_claim_ids,
            arg_min(shortfall_blocks, seq) AS shortfall_blocks,
            arg_min(reason, seq) AS refusal_reason
-    FROM events WHERE event = 'request_refused' AND request_id IS NOT NULL
+    FROM kv_stage_events WHERE event = 'request_refused' AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), finished AS (
     SELECT run_id, request_id, max(seq) AS finished_seq,
            arg_max(finish_reason, seq) AS finish_reason,
            arg_max(num_cached_tokens, seq) AS num_cached_tokens,
            arg_max(num_output_tokens, seq) AS num_output_tokens
-    FROM events WHERE event = 'request_finished' AND request_id IS NOT NULL
+    FROM kv_stage_events WHERE event = 'request_finished' AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), blocks AS (
+    -- from the per-step counts of 05_feasibility (kv_request_blocks)
     SELECT
         run_id, request_id,
-        count(*) FILTER (WHERE event = 'block_allocated') AS blocks_allocated,
-        count(*) FILTER (WHERE event = 'block_cached') AS blocks_cached,
-        count(*) FILTER (WHERE event = 'block_hit') AS blocks_hit,
-        list(seq ORDER BY seq) FILTER (WHERE event = 'block_hit') AS hit_seqs
-    FROM events
-    WHERE request_id IS NOT NULL
-      AND event IN ('block_allocated', 'block_cached', 'block_hit')
+        sum(n_allocated)::BIGINT AS blocks_allocated,
+        sum(n_cached)::BIGINT AS blocks_cached,
+        sum(n_hit)::BIGINT AS blocks_hit,
+        sum(n_hit_after_admission)::BIGINT AS hits_after_admission
+    FROM kv_request_blocks
     GROUP BY run_id, request_id
+), first_refs AS (
+    SELECT run_id, request_id, event, claim_id, claim_seq, seq,
+           min(seq) OVER (PARTITION BY run_id, request_id, event) AS first_seq
+    FROM kv_claim_refs
+    WHERE event IN ('request_refused', 'request_preempted')
 ), claim_refs AS (
     -- the claim instances named by each request's refusal and first preemption
     SELECT run_id, request_id,
@@ -176,12 +191,14 @@ WITH arrived AS (
                AS blocking_claim_seqs,
            list(claim_seq ORDER BY claim_id) FILTER (WHERE event = 'request_preempted')
                AS preempted_blocking_claim_seqs
-    FROM kv_claim_refs x
-    WHERE event IN ('request_refused', 'request_preempted')
-      AND seq = (SELECT min(y.seq) FROM kv_claim_refs y
-                 WHERE y.run_id = x.run_id AND y.request_id = x.request_id
-                   AND y.event = x.event)
+    FROM first_refs
+    WHERE seq = first_seq
     GROUP BY run_id, request_id
+), own_claim AS (
+    -- the request's own claim instance: the one it submitted
+    SELECT run_id, claim_id, request_id, min(claim_seq) AS claim_seq
+    FROM kv_claim_facts
+    GROUP BY run_id, claim_id, request_id
 ), a AS (
     SELECT run_id, request_id, arrived_seq, tenant, claim_id, num_prompt_tokens, admitted_seq,
            last_admitted_seq,
@@ -193,7 +210,8 @@ WITH arrived AS (
            finish_reason, num_cached_tokens, num_output_tokens, reuse_denied_seq,
            coalesce(blocks_allocated, 0) AS blocks_allocated,
            coalesce(blocks_cached, 0) AS blocks_cached,
-           coalesce(blocks_hit, 0) AS blocks_hit, hit_seqs
+           coalesce(blocks_hit, 0) AS blocks_hit,
+           coalesce(hits_after_admission, 0) AS hits_after_admission
     FROM arrived
     FULL JOIN steps USING (run_id, request_id)
     FULL JOIN preempted USING (run_id, request_id)
@@ -218,10 +236,7 @@ SELECT
         ELSE 'unknown'
     END AS outcome,
     a.tenant, a.claim_id,
-    -- the request's own claim instance: the one it submitted
-    (SELECT min(f.claim_seq) FROM kv_claim_facts f
-     WHERE f.run_id = a.run_id AND f.claim_id = a.claim_id AND f.request_id = a.request_id)
-        AS claim_seq,
+    oc.claim_seq,
     a.num_prompt_tokens, a.arrived_seq, a.admitted_seq, a.deferrals,
     a.first_deferred_seq, a.refused_seq, a.blocking_claim_ids, cr.blocking_claim_seqs,
     a.shortfall_blocks, a.refusal_reason, a.preemptions, a.first_preempted_seq,
@@ -235,8 +250,7 @@ SELECT
     -- at most floor((prompt_tokens - 1) / block_size) blocks). Compared with vLLM's own
     -- num_cached_tokens by L7 (docs/conformance.md).
     CASE WHEN r.block_size IS NOT NULL AND a.finished_seq IS NOT NULL THEN
-        least(len(list_filter(coalesce(a.hit_seqs, []::BIGINT[]),
-                              lambda s: s > coalesce(a.last_admitted_seq, -1))) * r.block_size,
+        least(a.hits_after_admission * r.block_size,
               CASE WHEN a.num_prompt_tokens IS NULL THEN NULL
                    ELSE ((a.num_prompt_tokens - 1) // r.block_size) * r.block_size END)
     END AS reconstructed_cached_tokens,
@@ -245,6 +259,8 @@ SELECT
 FROM a
 JOIN kv_runs r ON r.run_id = a.run_id
 LEFT JOIN claim_refs cr ON cr.run_id = a.run_id AND cr.request_id = a.request_id
+LEFT JOIN own_claim oc
+  ON oc.run_id = a.run_id AND oc.claim_id = a.claim_id AND oc.request_id = a.request_id
 ORDER BY a.run_id, coalesce(a.arrived_seq, a.admitted_seq, a.refused_seq), a.request_id;
 
 -- NOTE: `feasibility` is built by 05_feasibility.sql (rebuilt from the block timeline).
