@@ -2,17 +2,7 @@
 -- reports and the reconstruction, every invariant violation and every trace anomaly, each
 -- with the seq numbers involved. severity: hole | disagreement | violation | security | anomaly.
 -- Every finding that names a claim names its instance: (claim_id, claim_seq).
-
--- The events this stage reads, scanned once: gaps, hook failures, refusals, and the admission
--- decisions that carry the runtime's own shortfall arithmetic.
--- NOTE: the one scan of `events` in this stage (block events, the bulk of a trace, are left out)
-CREATE OR REPLACE TEMP TABLE kv_finding_events AS
-SELECT run_id, seq, event, first_seq, last_seq, events_dropped, hook, error_type, request_id,
-       shortfall_blocks, protected_blocks, blocks_required, usable_blocks, blocking_claim_ids
-FROM events
-WHERE event IN ('recorder_gap', 'hook_failed', 'request_refused')
-   OR (event IN ('request_admitted', 'request_deferred') AND shortfall_blocks IS NOT NULL
-       AND protected_blocks IS NOT NULL AND blocks_required IS NOT NULL);
+-- NOTE: events come from kv_stage_events (05_feasibility: the non-block events, scanned once).
 
 CREATE OR REPLACE TABLE findings AS
 WITH f AS (
@@ -23,7 +13,7 @@ WITH f AS (
            format('recorder dropped {} events (seq {}..{}): every loss from seq {} on is unknown',
                   coalesce(events_dropped::VARCHAR, '?'), coalesce(first_seq::VARCHAR, '?'),
                   coalesce(last_seq::VARCHAR, '?'), least(seq, first_seq)) AS detail
-    FROM kv_finding_events WHERE event = 'recorder_gap'
+    FROM kv_stage_events WHERE event = 'recorder_gap'
     UNION ALL
     SELECT run_id, 'seq_hole', 'hole', hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
            format('seq {} is missing and no recorder_gap covers it', hole_seq)
@@ -45,7 +35,7 @@ WITH f AS (
            format('hook {} failed inside vLLM at seq {} ({}); the engine kept serving: '
                   'enforcement from seq {} on is unknown, not blamed on the policy',
                   coalesce(hook, '?'), seq, coalesce(error_type, 'unknown error'), seq)
-    FROM kv_finding_events WHERE event = 'hook_failed'
+    FROM kv_stage_events WHERE event = 'hook_failed'
 
     -- runtime reports vs reconstruction ------------------------------------------------------
     UNION ALL
@@ -107,7 +97,7 @@ WITH f AS (
                   e.protected_blocks, e.blocks_required, coalesce(e.usable_blocks, r.usable_blocks),
                   greatest(0, e.protected_blocks + e.blocks_required
                               - coalesce(e.usable_blocks, r.usable_blocks)))
-    FROM kv_finding_events e JOIN kv_runs r ON r.run_id = e.run_id
+    FROM kv_stage_events e JOIN kv_runs r ON r.run_id = e.run_id
     WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
       AND e.shortfall_blocks IS NOT NULL AND e.protected_blocks IS NOT NULL
       AND e.blocks_required IS NOT NULL
@@ -189,7 +179,7 @@ WITH f AS (
            NULL, e.request_id, NULL,
            format('request {} refused at seq {} without naming a blocking claim',
                   e.request_id, e.seq)
-    FROM kv_finding_events e
+    FROM kv_stage_events e
     WHERE e.event = 'request_refused' AND coalesce(len(e.blocking_claim_ids), 0) = 0
     UNION ALL
     SELECT x.run_id,

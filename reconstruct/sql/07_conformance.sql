@@ -14,20 +14,8 @@
 --   6. the situation the check needs did not occur                              -> not_exercised
 --   7. otherwise                                                                -> pass
 -- NOTE: not_exercised is never a pass: a check passes only where its situation occurred.
-
--- The events this stage reads, scanned once: the run's enforcement events (all but the block
--- timeline) and the block_cached events of reuse-denied requests (L2).
--- NOTE: the one scan of `events` in this stage: block events, the bulk of a trace, are left
--- out; the evictions come from `losses` (one row per block_evicted, docs/reconstruction.md).
-CREATE OR REPLACE TEMP TABLE kv_conf_events AS
-SELECT run_id, seq, event, request_id
-FROM events
-WHERE event IN ('cache_reset', 'request_admitted', 'request_deferred', 'request_refused',
-                'request_preempted', 'reuse_denied', 'claim_accepted', 'claim_rejected',
-                'claim_demoted', 'claim_expired', 'claim_released', 'claim_harmed',
-                'claim_materialized')
-   OR (event = 'block_cached'
-       AND request_id IN (SELECT request_id FROM requests WHERE reuse_denied));
+-- NOTE: events come from kv_stage_events (05_feasibility: the non-block events, scanned once);
+-- block evictions from `losses` (one row per block_evicted); block_cached only for L2.
 
 -- The checks: id, human title, the situation each needs, whether it needs in-engine evidence
 -- (else an observed run can exercise it) and whether it judges enforcement (then what follows
@@ -119,13 +107,19 @@ WITH fk AS (
     FROM losses l
     LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
     GROUP BY l.run_id
+), denied_cached AS (
+    -- the block_cached events of reuse-denied requests (the only block events this stage scans)
+    SELECT e.run_id, e.request_id, e.seq
+    FROM events e
+    WHERE e.event = 'block_cached'
+      AND e.request_id IN (SELECT request_id FROM requests WHERE reuse_denied)
 ), denied AS (
     -- L2: each reuse-denied request, whether it was served, and the residents lost while it ran
     SELECT q.run_id, q.request_id, q.reuse_denied_seq, q.finished_seq, q.refused_seq,
            q.outcome IN ('served', 'deferred_then_served') AS served,
            q.outcome NOT IN ('served', 'deferred_then_served', 'unknown') AS not_served,
-           (SELECT list(e.seq ORDER BY e.seq) FROM kv_conf_events e
-            WHERE e.run_id = q.run_id AND e.event = 'block_cached'
+           (SELECT list(e.seq ORDER BY e.seq) FROM denied_cached e
+            WHERE e.run_id = q.run_id
               AND e.request_id = q.request_id AND e.seq > q.reuse_denied_seq) AS cached_after,
            (SELECT list(l.seq ORDER BY l.seq) FROM losses l
             WHERE l.run_id = q.run_id AND l.was_resident
@@ -181,7 +175,11 @@ WITH fk AS (
     -- that needs in-engine evidence cannot pass if any of these follow it (block_evicted:
     -- the seqs of `losses`, whose other rows are cache_reset seqs)
     SELECT run_id, max(seq) AS seq
-    FROM (SELECT run_id, seq FROM kv_conf_events WHERE event <> 'block_cached'
+    FROM (SELECT run_id, seq FROM kv_stage_events
+          WHERE event IN ('cache_reset', 'request_admitted', 'request_deferred',
+                          'request_refused', 'request_preempted', 'reuse_denied',
+                          'claim_accepted', 'claim_rejected', 'claim_demoted', 'claim_expired',
+                          'claim_released', 'claim_harmed', 'claim_materialized')
           UNION ALL
           SELECT run_id, max(seq) FROM losses GROUP BY run_id)
     GROUP BY run_id
@@ -302,7 +300,7 @@ WITH fk AS (
     UNION ALL
     -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
     SELECT r.run_id, 'L7',
-           EXISTS (SELECT 1 FROM kv_conf_events e WHERE e.run_id = r.run_id
+           EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
                      AND e.event IN ('claim_harmed', 'claim_materialized', 'request_refused'))
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
                         AND x.outcome = 'harmed')
@@ -347,10 +345,10 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_refusal_names_protected_claim',
-           EXISTS (SELECT 1 FROM kv_conf_events e WHERE e.run_id = r.run_id
+           EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
                      AND e.event = 'request_refused'),
            NULL,
-           (SELECT list(e.seq ORDER BY e.seq) FROM kv_conf_events e
+           (SELECT list(e.seq ORDER BY e.seq) FROM kv_stage_events e
             WHERE e.run_id = r.run_id AND e.event = 'request_refused'),
            'every refusal names in-force, materialized, protected claims',
            (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
