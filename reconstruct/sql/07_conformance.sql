@@ -259,10 +259,12 @@ WITH fk AS (
                                                         AND x.expired_ts_ns < x.accepted_ts_ns
                                                             + CAST(x.ttl_s * 1e9 AS BIGINT)
                                                        THEN [x.release_seq]
-                                                       ELSE []::BIGINT[] END))
+                                                       ELSE []::BIGINT[] END
+                                         ORDER BY x.claim_seq))
                             FROM released x WHERE x.run_id = r.run_id
                               AND x.release_event = t.ev), []::BIGINT[]), []::BIGINT[]),
-           (SELECT flatten(list([x.release_seq, x.first_later_seq]))
+           -- NOTE: ordered by instance: `released` is an aggregate, its row order is arbitrary
+           (SELECT flatten(list([x.release_seq, x.first_later_seq] ORDER BY x.claim_seq))
             FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
               AND x.n_later > 0),
            (SELECT format('{} {} claim instance(s) later lost {} block(s): {} labelled {}, {} '
@@ -272,8 +274,8 @@ WITH fk AS (
                                    ELSE x.n_relaxation END), t.label, sum(x.n_other))
             FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
               AND x.n_later > 0),
-           (SELECT list(x.claim_seq) FROM released x WHERE x.run_id = r.run_id
-              AND x.release_event = t.ev AND x.n_later > 0)
+           (SELECT list(x.claim_seq ORDER BY x.claim_seq) FROM released x
+            WHERE x.run_id = r.run_id AND x.release_event = t.ev AND x.n_later > 0)
     FROM kv_runs r,
          (VALUES ('L4', 'claim_demoted', 'relaxation'),
                  ('L5', 'claim_expired', 'expiry')) t(check_name, ev, label)
