@@ -95,18 +95,26 @@ WITH fk AS (
     FROM loss_claims
     WHERE accepted_seq < seq
     GROUP BY run_id, seq, block_id
-), uncovered AS (
-    -- L1: losses not covered by any claim accepted before them (one pass, per run); n and
-    -- first_seqs are NULL when there is none
+), uncovered_losses AS (
+    -- L1: the losses not covered by any claim accepted before them (uncovered), and those
+    -- labelled harm that no claim accepted before them labels harm
     -- NOTE: one equality join of the losses with `covered`, not a NOT EXISTS per loss
-    SELECT l.run_id,
-           nullif(count(*) FILTER (WHERE x.seq IS NULL), 0) AS n,
-           min(l.seq, 10) FILTER (WHERE x.seq IS NULL) AS first_seqs,
-           list(l.seq ORDER BY l.seq) FILTER (WHERE l.label = 'harm'
-                                                AND NOT coalesce(x.harm, false)) AS harm_seqs
+    SELECT l.run_id, l.seq, x.seq IS NULL AS uncovered,
+           l.label = 'harm' AND NOT coalesce(x.harm, false) AS uncovered_harm,
+           -- rank among the run's uncovered losses, by seq (their first 10 are shown)
+           row_number() OVER (PARTITION BY l.run_id, x.seq IS NULL ORDER BY l.seq) AS rank
     FROM losses l
     LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
-    GROUP BY l.run_id
+    WHERE x.seq IS NULL OR (l.label = 'harm' AND NOT coalesce(x.harm, false))
+), uncovered AS (
+    -- per run: how many uncovered losses (NULL: none), the 10 smallest seqs of them,
+    -- ascending, and the seqs of the uncovered harms
+    SELECT run_id,
+           nullif(count(*) FILTER (WHERE uncovered), 0) AS n,
+           list(seq ORDER BY seq) FILTER (WHERE uncovered AND rank <= 10) AS first_seqs,
+           list(seq ORDER BY seq) FILTER (WHERE uncovered_harm) AS harm_seqs
+    FROM uncovered_losses
+    GROUP BY run_id
 ), denied_cached AS (
     -- the block_cached events of reuse-denied requests (the only block events this stage scans)
     SELECT e.run_id, e.request_id, e.seq
