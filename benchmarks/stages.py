@@ -4,8 +4,8 @@
                                 [--save DIR | --compare DIR] [--stages 05,06,07]
 
 For each shape (the traces of benchmarks/reconstruct.py, written once under ``--work`` and
-reused), the events are imported into a fresh on-disk DuckDB database as ``kvclaims.open``
-does, every stage runs once through ``core.run_stages``, and each statement's wall time is
+reused), the events are read into a fresh DuckDB database as ``kvclaims.open`` does (a table,
+or a view over the runs' Parquet files where the core exposes them so), every stage runs once through ``core.run_stages``, and each statement's wall time is
 printed with the stage it belongs to and the table it makes, slowest first within a stage,
 then the seconds per stage.
 
@@ -64,12 +64,19 @@ def shape_paths(work: Path, shape: str, events: int) -> list[Path]:
 
 
 def time_stages(paths: list[Path], work: Path) -> tuple[Any, TimedConnection, int, str]:
-    """Import ``paths`` and run every stage with per-statement timing."""
+    """Read ``paths`` as ``kvclaims.open`` does and run every stage with per-statement timing."""
     runs = loader.open_runs(paths)
     info = core.StreamedInput({}, {}, [], set())
     con, tmp = core.open_database(temp_directory=work / "spill")
     t0 = time.perf_counter()
-    n = core.import_events(con, core.stream_runs(runs, info), info)
+    extra: dict[str, Any] = {}
+    if hasattr(core, "expose_events"):
+        # NOTE: `events` is a view over the runs' Parquet files (read once, during the read)
+        files, n = core.stage_events(runs, info, Path(tmp) / "events")
+        core.expose_events(con, files, Path(tmp) / "events")
+        extra["sources"] = files
+    else:
+        n = core.import_events(con, core.stream_runs(runs, info), info)
     print(f"  import: {time.perf_counter() - t0:6.2f} s  ({n:,} events)", flush=True)
     timed = TimedConnection(con)
     stages = list(core.STAGES)
@@ -80,7 +87,7 @@ def time_stages(paths: list[Path], work: Path) -> tuple[Any, TimedConnection, in
             timed.stage = stages[i + 1]
 
     core.run_stages(timed, manifests=info.manifests, truncated_runs=info.truncated_runs,
-                    progress=progress, persist=False)
+                    progress=progress, persist=False, **extra)
     return con, timed, n, tmp
 
 
