@@ -100,21 +100,27 @@ WITH fk AS (
     -- labelled harm that no claim accepted before them labels harm
     -- NOTE: one equality join of the losses with `covered`, not a NOT EXISTS per loss
     SELECT l.run_id, l.seq, x.seq IS NULL AS uncovered,
-           l.label = 'harm' AND NOT coalesce(x.harm, false) AS uncovered_harm,
-           -- rank among the run's uncovered losses, by seq (their first 10 are shown)
-           row_number() OVER (PARTITION BY l.run_id, x.seq IS NULL ORDER BY l.seq) AS rank
+           l.label = 'harm' AND NOT coalesce(x.harm, false) AS uncovered_harm
     FROM losses l
     LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
     WHERE x.seq IS NULL OR (l.label = 'harm' AND NOT coalesce(x.harm, false))
-), uncovered AS (
-    -- per run: how many uncovered losses (NULL: none), the 10 smallest seqs of them,
-    -- ascending, and the seqs of the uncovered harms
-    SELECT run_id,
-           nullif(count(*) FILTER (WHERE uncovered), 0) AS n,
-           list(seq ORDER BY seq) FILTER (WHERE uncovered AND rank <= 10) AS first_seqs,
-           list(seq ORDER BY seq) FILTER (WHERE uncovered_harm) AS harm_seqs
-    FROM uncovered_losses
+), first_uncovered AS (
+    -- the 10 smallest seqs of each run's uncovered losses, ascending
+    -- NOTE: row_number() filtered in WHERE: DuckDB runs it as a top-N, Spark can run it too
+    SELECT run_id, list(seq ORDER BY seq) AS first_seqs
+    FROM (SELECT run_id, seq, row_number() OVER (PARTITION BY run_id ORDER BY seq) AS rank
+          FROM uncovered_losses WHERE uncovered)
+    WHERE rank <= 10
     GROUP BY run_id
+), uncovered AS (
+    -- per run: how many uncovered losses (NULL: none), the first of them, and the seqs of
+    -- the uncovered harms
+    SELECT u.run_id, u.n, f.first_seqs, u.harm_seqs
+    FROM (SELECT run_id, nullif(count(*) FILTER (WHERE uncovered), 0) AS n,
+                 list(seq ORDER BY seq) FILTER (WHERE uncovered_harm) AS harm_seqs
+          FROM uncovered_losses
+          GROUP BY run_id) u
+    LEFT JOIN first_uncovered f ON f.run_id = u.run_id
 ), denied_cached AS (
     -- the block_cached events of reuse-denied requests (the only block events this stage scans)
     SELECT e.run_id, e.request_id, e.seq
