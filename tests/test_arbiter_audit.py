@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kvclaims.audit import open_audit
 from kvclaims.cli import main
 from reconstruct import core
 
@@ -55,8 +56,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> core.Tables:
                    "--out", str(out)])
         assert rc == 0, stem
         dirs.append(out)
-    result, _info = core.reconstruct_paths(dirs)
-    return result
+    return open_audit(dirs, reuse=False, lock=False, views=False)
 
 
 def rows(t: core.Tables, sql: str, **params: Any) -> list[tuple]:
