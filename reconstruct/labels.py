@@ -1,6 +1,7 @@
 """The labelling core: one ordered, compiled pass per run (docs/reconstruction.md, "Labels").
 
-Events are read in ``seq`` order, window by window; block ids, content hashes and claim ids are
+Events are read in ``seq`` order, window by window, as Arrow batches straight from the run's
+Parquet file (``build(sources=...)``; see ``pass_rows``); block ids, content hashes and claim ids are
 turned into dense integer indices; per-block, per-hash, per-slot (claim position) and
 per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled with numba)
 applies every event and emits:
@@ -18,13 +19,15 @@ The rule table is ONE function, :func:`rule`; everything else here only maintain
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
 NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
-of events (``WINDOW_ROWS``); outputs go to DuckDB after each window, which spills them.
+of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
+spills them) in one INSERT per table each time that many are held, and at the end.
 NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
 window that holds them (predicates are judged at step ends).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
@@ -766,6 +769,25 @@ def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarra
 
 # -- driver: Arrow batches in (each run in seq order), DuckDB out ---------------------------------
 
+#: Seconds spent so far in this process by the driver's parts (benchmarks print them): reading
+#: and coding the input (``input``), the compiled loop (``loop``), the whole of each window
+#: with its outputs as Arrow (``window``, includes ``loop``), handing outputs to DuckDB
+#: (``insert``).
+TIMINGS: dict[str, float] = {"input": 0.0, "loop": 0.0, "window": 0.0, "insert": 0.0}
+
+
+def _timed(items: Iterable[Any], key: str) -> Iterator[Any]:
+    it = iter(items)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            TIMINGS[key] += time.perf_counter() - t0
+            return
+        TIMINGS[key] += time.perf_counter() - t0
+        yield item
+
 # The columns of an event the pass reads (loader schema), and the events whose column it keeps.
 PASS_COLUMNS: Final[tuple[str, ...]] = (
     "seq", "step", "event", "block_id", "block_hash", "claim_id", "position", "ts_ns", "cause",
@@ -974,6 +996,11 @@ class _Sink:
             self.flush()
 
     def flush(self) -> None:
+        t0 = time.perf_counter()
+        self._flush()
+        TIMINGS["insert"] += time.perf_counter() - t0
+
+    def _flush(self) -> None:
         for table, parts in self.parts.items():
             if not parts:
                 continue
@@ -1064,11 +1091,13 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         code = np.where(iok, lut[ind], -1)
     inst_of = _instances(seq, ev, code, run.cur, run.fseq)
     bidx = run.blocks(bid, bok)
+    t0 = time.perf_counter()
     L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.resl,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
         run.relkind, run.rank, run.border(), run.unknown_from)
+    TIMINGS["loop"] += time.perf_counter() - t0
     rid = run.rid
     nl, npair = L.shape[0], P.shape[0]
     ts = t.column("ts_ns").combine_chunks()
@@ -1213,11 +1242,13 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
             run = _Run(con, rid, unknown_from)
             batches = (sources(rid) if sources is not None else
                        con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_reader(1 << 16))
-            for t in _windows(batches, window):
+            for t in _timed(_windows(batches, window), "input"):
                 s = t.column("seq").to_numpy()
                 if t.num_rows > 1 and not bool(np.all(s[1:] >= s[:-1])):
                     raise ValueError(f"run {rid}: events not in seq order")
+                t0 = time.perf_counter()
                 _window(run, sink, t)
+                TIMINGS["window"] += time.perf_counter() - t0
                 if progress is not None:
                     progress(t.num_rows)
             _finish(run, sink)
