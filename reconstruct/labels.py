@@ -170,7 +170,10 @@ S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_RESPOS = range(9)
 # counters
 (C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_RESN, C_NDIRTY,
- C_NSLOTS) = range(10)
+ C_NSLOTS, C_RESVER) = range(11)
+# NOTE: C_RESVER changes whenever the list of in-force residency instances (``resl``) or whether
+# one of them has a resident bound block (I_OK > 0) may have changed: a step's snapshot of the
+# instances protecting blocks is recomputed only then (else it is the previous step's, equal).
 # loss output columns
 (L_SEQ, L_ROW, L_BID, L_HASH, L_HASH_OK, L_RES, L_REP, L_REP_OK, L_HELD, L_HELD_OK, L_SYN,
  L_STEP, L_STEP_OK, L_LABEL, L_DSEQ, L_DINST, L_P0, L_P1, L_REPAIRED) = range(19)
@@ -291,7 +294,10 @@ def _residency(h: int, delta: int, seq: int, HS: np.ndarray, SL: np.ndarray, IS:
     while s >= 0:
         inst = SL[s, S_INST]
         if SL[s, S_POS] < k[inst]:
-            IS[inst, I_OK] += delta
+            old = IS[inst, I_OK]
+            IS[inst, I_OK] = old + delta
+            if (old > 0) != (old + delta > 0):
+                C[C_RESVER] += 1
             _set_pred(inst, seq, IS, k, R, nr, dirty, C)
         s = SL[s, S_NEXT]
 
@@ -366,6 +372,7 @@ def _force(inst: int, delta: int, off: np.ndarray, nsl: np.ndarray, k: np.ndarra
     for p in range(min(nsl[inst], max(k[inst], 0))):
         _protect(SL[off[inst] + p, S_HASH], mode[inst], delta, HS, C)
     if mode[inst] == MODE_RESIDENCY:
+        C[C_RESVER] += 1
         if delta > 0:
             IS[inst, I_RESPOS] = C[C_RESN]
             resl[C[C_RESN]] = inst
@@ -517,6 +524,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     S0 = np.zeros(4, dtype=np.int64)          # the pool at the start of the current step
     SI0 = np.empty(16, dtype=np.int64)        # claim instances protecting blocks then
     ns0 = 0
+    si_ver = -1                               # C_RESVER when SI0 was taken (-1: never)
     for i in range(n):
         e = ev[i]
         s = seq[i]
@@ -555,13 +563,15 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
             S0[1] = C[C_CACHED]
             S0[2] = C[C_EVICTABLE]
             S0[3] = C[C_HELD]
-            SI0 = _grow1(SI0, 0, C[C_RESN] + 1)
-            ns0 = 0
-            for j in range(C[C_RESN]):
-                inst = resl[j]
-                if IS[inst, I_OK] > 0:
-                    SI0[ns0] = inst
-                    ns0 += 1
+            if C[C_RESVER] != si_ver:   # NOTE: else SI0[:ns0] is still exact (C_RESVER)
+                si_ver = C[C_RESVER]
+                SI0 = _grow1(SI0, 0, C[C_RESN] + 1)
+                ns0 = 0
+                for j in range(C[C_RESN]):
+                    inst = resl[j]
+                    if IS[inst, I_OK] > 0:
+                        SI0[ns0] = inst
+                        ns0 += 1
 
         if e == EV_CACHED or e == EV_HIT:
             b = bidx[i]
@@ -686,6 +696,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                         _protect(old, mode[inst], -1, HS, C)
                     if counted and HS[old, H_COPIES] > 0:
                         IS[inst, I_OK] -= 1
+                        if IS[inst, I_OK] == 0:
+                            C[C_RESVER] += 1
                 SL[sl, S_HASH] = h
                 SL[sl, S_PREV] = -1
                 SL[sl, S_NEXT] = HS[h, H_HEAD]
@@ -697,6 +709,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     _protect(h, mode[inst], 1, HS, C)
                 if counted and HS[h, H_COPIES] > 0:
                     IS[inst, I_OK] += 1
+                    if IS[inst, I_OK] == 1:
+                        C[C_RESVER] += 1
                 _set_pred(inst, s, IS, k, R, nr, dirty, C)
         elif e == EV_HOOK:
             if C[C_HOOK] < 0:
@@ -906,7 +920,7 @@ class _Run:
         self.IS[:, I_BREAK] = -1
         self.IS[:, I_MAT] = -1
         self.IS[:, I_SEEN] = -1
-        self.C = np.zeros(10, dtype=np.int64)
+        self.C = np.zeros(11, dtype=np.int64)
         self.C[C_HOOK] = -1
         self.C[C_NSLOTS] = nslots
         self.resl = np.zeros(max(1, ni), dtype=np.int64)
