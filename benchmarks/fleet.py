@@ -6,7 +6,7 @@ A fleet of synthetic run directories of varied shapes (sizes spread over two ord
 magnitude, pools of 256-4096 blocks, claim-sparse and claim-dense, some with resets, and one
 giant run) is written once under --dir, then:
 
-- **duckdb**: one process reconstructs every run (``reconstruct_paths``, streamed, bounded);
+- **duckdb**: one process reconstructs every run (``kvclaims.open``, streamed, bounded);
 - **spark**: ``reconstruct_spark``, one task per run, on ``--master`` (local mode here).
 
 It prints events/s for both side by side, then how the Spark job would spread over a cluster:
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reconstruct import fleet  # noqa: E402
-from reconstruct.core import reconstruct_paths  # noqa: E402
+from kvclaims.audit import open_audit  # noqa: E402
 from reconstruct.synthetic import write_trace  # noqa: E402
 
 
@@ -102,7 +102,7 @@ def main() -> int:
           f"(written in {time.perf_counter() - t0:.1f} s, {args.dir / 'runs'})")
 
     t0 = time.perf_counter()
-    tables, _info = reconstruct_paths(dirs, memory_limit="2GB")
+    tables = open_audit(dirs, memory_limit="2GB", reuse=False, lock=False, views=False)
     tables.con.sql("SELECT count(*) FROM losses").fetchall()
     duck_s = time.perf_counter() - t0
     tables.con.close()

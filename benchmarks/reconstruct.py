@@ -5,9 +5,12 @@
     python benchmarks/reconstruct.py --out-of-core        # opt-in: 1 B dense events
 
 Each shape runs in its own process (so peak RSS is its own) and prints, side by side: read
-events/s (the loader alone: run directory -> decoded Arrow batches), label events/s (import +
+events/s (the loader alone: run directory -> decoded Arrow batches), read into the audit (the
+checked read that leaves ``events`` a view over the runs' Parquet files), label events/s (read +
 stages 01-04: every loss labelled), all tables events/s (stages 01-07), end to end events/s
-(import + all tables + Parquet written), peak RSS, the plain-Python replay's events/s on the
+(read + all tables + Parquet written), per-stage seconds (wall and CPU) and the parts of the
+labelling pass, peak RSS (the trace is generated in a child process), the plain-Python
+replay's events/s on the
 same labels and the ratio, and whether both agree on every label of the replayed part.
 
 Shapes (reconstruct/synthetic.py): ``sparse`` (1 request in 10 claims a prefix), ``dense``
@@ -33,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvclaims.audit import open_audit  # noqa: E402
-from reconstruct import loader, synthetic  # noqa: E402
+from reconstruct import labels, loader, synthetic  # noqa: E402
 
 SWEEP_RUNS = 21
 MODE_CLASS = {"best_effort": 0, "soft_priority": 1}  # anything else: residency (2)
@@ -54,6 +57,16 @@ def write_shape(work: Path, shape: str, events: int) -> tuple[list[Path], int]:
     n = synthetic.write_trace(path, events, run_id=shape, progress=True,
                               shape=synthetic.SHAPES[shape])
     return [path], n
+
+
+def generate(work: Path, shape: str, events: int) -> tuple[list[Path], int]:
+    """``write_shape`` in a child process: the generator's memory is not the reconstruction's
+    peak RSS."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([sys.executable, __file__, "--gen", shape, "--events", str(events),
+                        "--work", str(work), "--json-out", out.name], check=True)
+        got = json.loads(Path(out.name).read_text())
+    return [Path(p) for p in got["paths"]], got["events"]
 
 
 # -- the plain-Python replay ---------------------------------------------------------------------
@@ -239,16 +252,20 @@ def cpu_s() -> float:
 def run_one(shape: str, events: int, memory_limit: str, python_events: int,
             work: Path) -> dict[str, Any]:
     """Generate, read, reconstruct, write and replay one shape; return its figures."""
-    paths, n = write_shape(work, shape, events)
+    t_gen = time.perf_counter()
+    paths, n = generate(work, shape, events)
+    t_gen = time.perf_counter() - t_gen
     rss_gen = peak_rss_mib()
     t0 = time.perf_counter()
     read = sum(b.num_rows for b in loader.iter_batches(paths))
     t_read = time.perf_counter() - t0
     assert read == n, (read, n)
     marks: dict[str, float] = {}
+    cpu_marks: dict[str, float] = {}
 
     def progress(stage: str) -> None:
         marks[stage] = time.perf_counter()
+        cpu_marks[stage] = cpu_s()
         print(f"  {shape}: {stage} {marks[stage] - start:.1f} s", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
@@ -265,6 +282,13 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
     for name, t in marks.items():
         stages[name] = round(t - prev, 2)
         prev = t
+    stages["write"] = round(t_written - t_all, 2)
+    stages_cpu, prev = {}, cpu0
+    for name, c in cpu_marks.items():
+        stages_cpu[name] = round(c - prev, 2)
+        prev = c
+    stages_cpu["write"] = round(cpu0 + cpu_e2e - prev, 2)
+    pass_parts = {k: round(v, 2) for k, v in labels.TIMINGS.items()}
     first_run = (paths[0] / "run00") if shape == "sweep" else paths[0]
     rid = "sweep-00" if shape == "sweep" else shape
     py_n, py_t, py_labels = python_replay(first_run, python_events)
@@ -283,10 +307,10 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
         "shape": shape, "events": n, "read_s": t_read, "import_s": t_import,
         "label_s": marks["04_labels.sql"] - start, "all_s": t_all - start,
         "e2e_s": t_written - start, "e2e_cpu_s": cpu_e2e, "write_s": t_written - t_all,
-        "rss_mib": rss, "rss_gen_mib": rss_gen, "py_events": py_n, "py_s": py_t,
+        "rss_mib": rss, "rss_gen_mib": rss_gen, "gen_s": t_gen, "py_events": py_n, "py_s": py_t,
         "checked": len(py_labels), "mismatches": [str(m) for m in mismatches[:5]],
         "n_mismatches": len(mismatches), "labels": counts, "loss_claims": pairs,
-        "stages": stages,
+        "stages": stages, "stages_cpu": stages_cpu, "pass_parts": pass_parts,
     }
 
 
@@ -299,22 +323,27 @@ def fmt(r: dict[str, Any]) -> list[str]:
 
     e2e = n / r["e2e_s"]
     return [
-        f"{r['shape']} — {n:,} events, {r['loss_claims']:,} loss_claims rows",
+        f"{r['shape']} — {n:,} events, {r['loss_claims']:,} loss_claims rows "
+        f"(generated in {r.get('gen_s', 0):.0f} s)",
         f"  read (loader alone)          {rate(r['read_s'])}",
-        f"  import (read + DuckDB table) {rate(r['import_s'])}",
-        f"  label (import + 01-04)       {rate(r['label_s'])}",
-        f"  all tables (import + 01-07)  {rate(r['all_s'])}",
+        f"  read into the audit          {rate(r['import_s'])}  (checked; events = a view over "
+        "the Parquet files)",
+        f"  label (read + 01-04)         {rate(r['label_s'])}",
+        f"  all tables (read + 01-07)    {rate(r['all_s'])}",
         f"  end to end (+ Parquet)       {rate(r['e2e_s'])}, {r['e2e_cpu_s']:.1f} s CPU "
         f"(all threads) = {n / r['e2e_cpu_s'] / 1e6:.2f} M events per CPU-second",
         f"  plain-Python replay          {py / 1e6:7.2f} M/s on {r['py_events']:,} events"
         f"  -> end to end = {e2e / py:5.1f}x python",
         f"  peak RSS                     {r['rss_mib']:,.0f} MiB "
-        f"(after generating: {r['rss_gen_mib']:,.0f} MiB)",
+        f"(before reading: {r['rss_gen_mib']:,.0f} MiB; generated in a child process)",
         f"  labels check                 "
         + (f"OK: {r['checked']:,} losses agree" if not r["n_mismatches"] else
            f"MISMATCH: {r['n_mismatches']:,} of {r['checked']:,}, e.g. {r['mismatches']}"),
         f"  labels                       {r['labels']}",
-        f"  per stage (s)                {r['stages']}",
+        f"  per stage (wall s)           {r['stages']}",
+        f"  per stage (CPU s)            {r['stages_cpu']}",
+        f"  03_pass parts (s)            {r['pass_parts']}  (input: Parquet -> coded Arrow "
+        "windows; loop: the compiled pass; window: loop + outputs as Arrow; insert: to DuckDB)",
     ]
 
 
@@ -329,10 +358,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="opt-in: 1 B dense events, memory_limit 2GB (hours; ~100 GB disk)")
     ap.add_argument("--work", metavar="DIR", help="work directory (default: a temporary one)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--gen", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out_of_core:
         args.events, args.shapes = 1_000_000_000, "dense"
+
+    if args.gen:
+        paths, n = write_shape(Path(args.work), args.gen, args.events)
+        Path(args.json_out).write_text(json.dumps({"paths": [str(p) for p in paths],
+                                                   "events": n}))
+        return 0
 
     if args.one:
         work = Path(tempfile.mkdtemp(prefix=f"kvclaims-bench-{args.one}-", dir=args.work))

@@ -21,13 +21,13 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 import shutil
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from importlib import resources
-from itertools import chain
 from pathlib import Path
 from typing import Any, Final
 
@@ -89,9 +89,15 @@ def _sql_error(exc: BaseException) -> InputError:
     return InputError(f"SQL error: {_first_line(exc)}")
 
 
-def lock_down(con: Any) -> None:
+def lock_down(con: Any, allowed_paths: Sequence[str] = ()) -> None:
     """No file access, no extensions, no replacement scans of Python variables, and no later
-    change to any of that (``lock_configuration``)."""
+    change to any of that (``lock_configuration``).
+
+    ``allowed_paths``: files DuckDB may still read (the Parquet files under the ``events``
+    view, which it scans for each query); everything else is refused, writing always.
+    """
+    if allowed_paths:
+        con.execute("SET allowed_paths = ?", [list(allowed_paths)])
     for setting in ("python_enable_replacements", "autoinstall_known_extensions",
                     "autoload_known_extensions", "enable_external_access"):
         con.execute(f"SET {setting} = false")
@@ -375,9 +381,10 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
                reuse: bool = True, lock: bool = True, views: bool = True) -> Audit:
     """Open run directories, sweep directories, globs or JSON Lines traces as one ``Audit``.
 
-    Streams the events into a temporary on-disk DuckDB database (memory bounded by
-    ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it),
-    reconstructs them (or reuses every run's up-to-date ``reconstructed/*.parquet`` when
+    Reads every run once, checked (``events`` is then a view over the runs' Parquet files: a
+    sealed ``events.parquet`` where it was read whole, else a copy made during the read),
+    reconstructs them in a temporary on-disk DuckDB database (memory bounded by
+    ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it) (or reuses every run's up-to-date ``reconstructed/*.parquet`` when
     ``reuse``), adds ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views
     and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
     (no ``ts``, no views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each stage's
@@ -397,13 +404,14 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     audit: Audit | None = None
     try:
         events = core.load_jsonl(jsonl) if jsonl else None
-        n = core.import_events(con, chain(
-            iter(events.to_batches() if events is not None else ()),
-            core.stream_runs(runs, info)), info)
         if events is not None:
-            _check_unique_runs(events, info)
+            _check_unique_runs(events, runs)
+        folder = os.path.join(tmp, "events")
+        files, n = core.stage_events(runs, info, folder, extra=events)
+        if events is not None:
             for rid in events.column("run_id").unique().to_pylist():
                 info.manifests.setdefault(rid, {"run_id": rid, "source": "jsonl"})
+        allowed = core.expose_events(con, files, folder)
         if progress is not None:
             progress("read")
         if n == 0 and not info.manifests:
@@ -418,7 +426,7 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
                 progress("reused reconstructed/")
         else:
             core.run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
-                            progress=progress, persist=False)
+                            progress=progress, persist=False, sources=files)
         _register_manifests(con, info)
         tables = _add_utc(con) if views else _shown(con)
         import queries
@@ -432,14 +440,12 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
                       reused=fresh is not None,
                       _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
         if lock:
-            lock_down(con)
+            lock_down(con, allowed_paths=allowed)
             audit.locked = True
         return audit
     except duckdb.Error as exc:
         if audit is None:
             core.drop_database(con, tmp)
-        if info.error is not None:
-            raise info.error from None
         raise InputError(f"cannot reconstruct: {_first_line(exc)}") from None
     except BaseException:
         if audit is None:
@@ -447,11 +453,11 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
         raise
 
 
-def _check_unique_runs(events: Any, info: Any) -> None:
+def _check_unique_runs(events: Any, runs: Sequence[Any]) -> None:
+    dirs = {run.run_id: run.path for run in runs}
     for rid in events.column("run_id").unique().to_pylist():
-        if rid in info.run_dirs:
-            raise InputError(f"run_id {rid!r} is both in a .jsonl trace and in "
-                             f"{info.run_dirs[rid]}")
+        if rid in dirs:
+            raise InputError(f"run_id {rid!r} is both in a .jsonl trace and in {dirs[rid]}")
 
 
 def _register_manifests(con: Any, info: Any) -> None:
@@ -497,7 +503,9 @@ def _add_utc(con: Any) -> list[str]:
         added = ",\n".join(
             f"CAST(c.utc + to_microseconds((t.{src} - c.ts_ns) // 1000) AS TIMESTAMP) AS {dst}"
             for src, dst in pairs)
-        con.execute(f"ALTER TABLE {name} RENAME TO {_RAW}{name}")
+        kind = "VIEW" if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                                     [name]).fetchall()[0][0] else "TABLE"
+        con.execute(f"ALTER {kind} {name} RENAME TO {_RAW}{name}")
         con.execute(f"""
             CREATE TEMP VIEW {name} AS
             SELECT t.*, {added}

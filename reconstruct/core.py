@@ -36,6 +36,7 @@ from typing import Any, Final
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
 from recorder.schema import PROTECTION_MODES, RESIDENCY_MODES
@@ -303,8 +304,12 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
 
 def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
                truncated_runs: set[str] | None = None,
-               progress: Callable[[str], None] | None = None, persist: bool = True) -> list[str]:
+               progress: Callable[[str], None] | None = None, persist: bool = True,
+               sources: dict[str, Path] | None = None) -> list[str]:
     """Run every stage on ``con`` (which must expose ``events``); return the run ids.
+
+    ``sources`` maps a run id to the Parquet file holding its events in seq order
+    (``stage_events``): the labelling pass reads them from there, not back from DuckDB.
 
     ``persist=False`` makes the reconstructed tables TEMP tables: same contents, but in a
     file-backed database they are not compressed and written to its file (they still spill
@@ -329,7 +334,8 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     for stage in STAGES:
         sql = stage_sql(stage)
         if stage == "03_pass.sql":
-            labels.build(con)  # the labelling pass (numba, streamed): see reconstruct/labels.py
+            # the labelling pass (numba, streamed): see reconstruct/labels.py
+            labels.build(con, sources=None if sources is None else _file_batches(sources))
         for stmt in split_statements(sql):
             if not persist:
                 stmt = stmt.replace("CREATE OR REPLACE TABLE ", "CREATE OR REPLACE TEMP TABLE ", 1)
@@ -375,35 +381,162 @@ class StreamedInput:
     run_dirs: dict[str, Path]
     truncations: list[str]
     truncated_runs: set[str]
-    #: the first bad-input error met while streaming (DuckDB wraps it; it is re-raised as is)
-    error: InputError | None = None
 
 
-def stream_runs(runs: Sequence[Any], info: StreamedInput) -> Iterator[pa.RecordBatch]:
-    """Yield the checked, decoded batches of opened runs (``loader.open_runs``), recording
-    manifests, run directories and truncations in ``info``."""
+def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordBatch]]:
+    """The labelling pass's source: a run's events, straight from its Parquet file."""
+    import pyarrow.parquet as pq
+
+    def batches(run_id: str) -> Iterator[pa.RecordBatch]:
+        path = files.get(run_id)
+        if path is None:
+            return iter(())
+        return pq.ParquetFile(str(path)).iter_batches(batch_size=1 << 16,
+                                                      columns=list(labels.PASS_COLUMNS))
+    return batches
+
+
+def _copy_prefix(sealed: Path, rows: int, writer: Any) -> None:
+    """Copy the first ``rows`` events of a sealed file (read and checked before it turned out
+    damaged further on) into ``writer``."""
+    import pyarrow.parquet as pq
+
     from reconstruct import loader
 
-    for run in runs:
-        info.manifests[run.run_id] = run.manifest
-        info.run_dirs[run.run_id] = run.path
+    pf = pq.ParquetFile(str(sealed), page_checksum_verification=True)
+    for batch in pf.iter_batches(batch_size=1 << 16):
+        if rows <= 0:
+            break
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=loader.EVENTS_SCHEMA)
+        writer.write_batch(batch.slice(0, rows))
+        rows -= batch.num_rows
 
-        def note(msg: str, rid: str = run.run_id) -> None:
+
+def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
+                 extra: pa.Table | None = None,
+                 progress: Callable[[int], None] | None = None) -> tuple[dict[str, Path], int]:
+    """Read every opened run (``loader.open_runs``) once, checked, and say where its events
+    lie as Parquet in seq order: returns ({run_id: file}, events read).
+
+    A run read entirely from its sealed ``events.parquet`` is left there (nothing copied);
+    any other run (a crashed run read from its IPC segments, a damaged sealed copy, the runs
+    of ``extra``: events from JSON Lines) is written to a Parquet file in ``folder`` during
+    the read. Manifests, run directories and truncations are recorded in ``info``.
+    NOTE: memory stays one batch: nothing is held for the whole trace.
+    """
+    import pyarrow.parquet as pq
+
+    from reconstruct import loader
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    total = 0
+
+    def own_file(rid: str) -> Path:
+        return out / f"events-{len(files):06d}.parquet"   # NOTE: not named after the run
+
+    if extra is not None and extra.num_rows:
+        rid_col = extra.column("run_id")
+        for rid in sorted(rid_col.unique().to_pylist()):
+            part = extra.filter(pc.equal(rid_col, rid))
+            path = own_file(rid)
+            pq.write_table(part, str(path), compression="lz4")
+            files[rid] = path
+            total += part.num_rows
+    for run in runs:
+        rid = run.run_id
+        info.manifests[rid] = run.manifest
+        info.run_dirs[rid] = run.path
+        entry = loader._sealed_entry(run)
+        state = {"fell_back": False}
+
+        def note(msg: str, rid: str = rid) -> None:
             info.truncations.append(msg)
             info.truncated_runs.add(rid)
 
-        # NOTE: a damaged sealed copy is shown, but the segments then deliver every event: no
-        # hole, so the run is not marked truncated
-        yield from loader.read_run(run, note, warn=info.truncations.append)
+        def warn(msg: str) -> None:
+            # NOTE: a damaged sealed copy is shown, but the segments then deliver every
+            # event: no hole, so the run is not marked truncated
+            info.truncations.append(msg)
+            state["fell_back"] = True
+
+        sealed_rows = 0
+        writer = None
+        path = own_file(rid)
+        try:
+            for batch in loader.read_run(run, note, warn=warn):
+                total += batch.num_rows
+                if progress is not None:
+                    progress(batch.num_rows)
+                if entry is not None and not state["fell_back"]:
+                    sealed_rows += batch.num_rows    # NOTE: the sealed file holds it
+                    continue
+                if writer is None:
+                    writer = pq.ParquetWriter(str(path), loader.EVENTS_SCHEMA,
+                                              compression="lz4")
+                    if sealed_rows:
+                        _copy_prefix(run.path / loader.SEALED_NAME, sealed_rows, writer)
+                writer.write_batch(batch)
+            if writer is None and state["fell_back"] and sealed_rows:
+                writer = pq.ParquetWriter(str(path), loader.EVENTS_SCHEMA, compression="lz4")
+                _copy_prefix(run.path / loader.SEALED_NAME, sealed_rows, writer)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is not None:
+            files[rid] = path
+        elif sealed_rows:
+            files[rid] = run.path / loader.SEALED_NAME
+    return files, total
 
 
-def _keeping_error(batches: Iterator[pa.RecordBatch],
-                   info: StreamedInput) -> Iterator[pa.RecordBatch]:
-    try:
-        yield from batches
-    except InputError as exc:  # NOTE: DuckDB would wrap it into its own error: keep it
-        info.error = exc
-        raise
+# Characters DuckDB's read_parquet reads as a glob pattern.
+_GLOB_CHARS: Final[frozenset[str]] = frozenset("*?[]{}")
+
+
+def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[str]:
+    """Make ``events`` (loader schema) a view over the runs' Parquet files; return the paths
+    DuckDB reads (what a locked-down connection must still be allowed to read).
+
+    Each file is reached through a link in ``folder`` with a plain name: a run directory's
+    own name could hold characters that DuckDB would read as a glob pattern.
+    NOTE: no copy into DuckDB: its Parquet reader scans the files, in parallel, for each
+    query (what ingesting every event into a table cost dominated the reconstruction).
+    """
+    from reconstruct import loader
+
+    out = Path(folder)
+    paths = []
+    for i, (rid, path) in enumerate(sorted(files.items())):
+        link = out / f"run-{i:06d}.parquet"
+        if path.parent.resolve() == out.resolve():
+            link = path
+        else:
+            os.symlink(os.path.abspath(path), link)
+        paths.append(str(link))
+    if not paths or any(c in _GLOB_CHARS for c in str(out)):
+        # NOTE: nothing to scan (an empty run), or a folder name DuckDB would glob: a table
+        con.register("kv_events_in", pa.RecordBatchReader.from_batches(
+            loader.EVENTS_SCHEMA, _read_files(paths)))
+        try:
+            con.execute("CREATE OR REPLACE TEMP TABLE events AS SELECT * FROM kv_events_in")
+        finally:
+            con.unregister("kv_events_in")
+        return []
+    listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM read_parquet([{listed}])")
+    return paths
+
+
+def _read_files(paths: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+
+    from reconstruct import loader
+
+    for p in paths:
+        for batch in pq.ParquetFile(p).iter_batches(batch_size=1 << 16):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=loader.EVENTS_SCHEMA)
 
 
 def open_database(*, memory_limit: str | None = None, temp_directory: str | Path | None = None,
@@ -432,54 +565,6 @@ def drop_database(con: Any, tmp: str | None) -> None:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def import_events(con: Any, batches: Iterator[pa.RecordBatch], info: StreamedInput,
-                  table: str = "events") -> int:
-    """Stream decoded event batches (each run in seq order) into the table ``table`` of
-    ``con``; return the number of events. A bad batch raises the loader's own InputError."""
-    from reconstruct import loader
-
-    if not table.isidentifier():
-        raise ValueError(f"bad table name {table!r}")
-    reader = pa.RecordBatchReader.from_batches(loader.EVENTS_SCHEMA, _keeping_error(batches, info))
-    con.register("kv_events_in", reader)
-    # NOTE: the loader yields each run in seq order; keeping that order on disk lets the
-    # block stage read windows of seqs that DuckDB's zone maps find without a full scan.
-    con.execute("SET preserve_insertion_order = true")
-    try:
-        con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM kv_events_in")
-    except duckdb.Error:
-        if info.error is not None:
-            raise info.error from None
-        raise
-    finally:
-        con.execute("SET preserve_insertion_order = false")
-        con.unregister("kv_events_in")
-    return con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
-
-
-def reconstruct_paths(paths: Sequence[str | Path], *, database: str | Path | None = None,
-                      memory_limit: str | None = None, temp_directory: str | Path | None = None,
-                      threads: int | None = None,
-                      progress: Callable[[str], None] | None = None,
-                      persist: bool | None = None) -> tuple[Tables, StreamedInput]:
-    """DEPRECATED: use ``kvclaims.open(paths)`` (one audit facade). Kept only until the
-    benchmark and the older tests move over; ``database``/``persist`` are ignored."""
-    import warnings
-
-    import kvclaims
-
-    warnings.warn("reconstruct_paths is deprecated: use kvclaims.open(paths)",
-                  DeprecationWarning, stacklevel=2)
-    audit = kvclaims.open(paths, memory_limit=memory_limit, temp_directory=temp_directory,
-                          threads=threads, progress=progress, reuse=False, lock=False,
-                          views=False)
-    info = StreamedInput(dict(audit.manifests), dict(audit.run_dirs), list(audit.truncations),
-                         set(audit.truncated_runs))
-    tables = Tables(audit.con, list(audit.runs))
-    tables._audit = audit  # type: ignore[attr-defined]  # NOTE: keeps the database alive
-    return tables, info
 
 
 def load_jsonl(paths: Sequence[str | Path] | str | Path) -> pa.Table:

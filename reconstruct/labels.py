@@ -1,6 +1,7 @@
 """The labelling core: one ordered, compiled pass per run (docs/reconstruction.md, "Labels").
 
-Events are read in ``seq`` order, window by window; block ids, content hashes and claim ids are
+Events are read in ``seq`` order, window by window, as Arrow batches straight from the run's
+Parquet file (``build(sources=...)``; see ``pass_rows``); block ids, content hashes and claim ids are
 turned into dense integer indices; per-block, per-hash, per-slot (claim position) and
 per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled with numba)
 applies every event and emits:
@@ -18,14 +19,16 @@ The rule table is ONE function, :func:`rule`; everything else here only maintain
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
 NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
-of events (``WINDOW_ROWS``); outputs go to DuckDB after each window, which spills them.
+of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
+spills them) in one INSERT per table each time that many are held, and at the end.
 NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
 window that holds them (predicates are judged at step ends).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import numba
@@ -167,7 +170,10 @@ S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_RESPOS = range(9)
 # counters
 (C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_RESN, C_NDIRTY,
- C_NSLOTS) = range(10)
+ C_NSLOTS, C_RESVER) = range(11)
+# NOTE: C_RESVER changes whenever the list of in-force residency instances (``resl``) or whether
+# one of them has a resident bound block (I_OK > 0) may have changed: a step's snapshot of the
+# instances protecting blocks is recomputed only then (else it is the previous step's, equal).
 # loss output columns
 (L_SEQ, L_ROW, L_BID, L_HASH, L_HASH_OK, L_RES, L_REP, L_REP_OK, L_HELD, L_HELD_OK, L_SYN,
  L_STEP, L_STEP_OK, L_LABEL, L_DSEQ, L_DINST, L_P0, L_P1, L_REPAIRED) = range(19)
@@ -288,7 +294,10 @@ def _residency(h: int, delta: int, seq: int, HS: np.ndarray, SL: np.ndarray, IS:
     while s >= 0:
         inst = SL[s, S_INST]
         if SL[s, S_POS] < k[inst]:
-            IS[inst, I_OK] += delta
+            old = IS[inst, I_OK]
+            IS[inst, I_OK] = old + delta
+            if (old > 0) != (old + delta > 0):
+                C[C_RESVER] += 1
             _set_pred(inst, seq, IS, k, R, nr, dirty, C)
         s = SL[s, S_NEXT]
 
@@ -363,6 +372,7 @@ def _force(inst: int, delta: int, off: np.ndarray, nsl: np.ndarray, k: np.ndarra
     for p in range(min(nsl[inst], max(k[inst], 0))):
         _protect(SL[off[inst] + p, S_HASH], mode[inst], delta, HS, C)
     if mode[inst] == MODE_RESIDENCY:
+        C[C_RESVER] += 1
         if delta > 0:
             IS[inst, I_RESPOS] = C[C_RESN]
             resl[C[C_RESN]] = inst
@@ -514,6 +524,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     S0 = np.zeros(4, dtype=np.int64)          # the pool at the start of the current step
     SI0 = np.empty(16, dtype=np.int64)        # claim instances protecting blocks then
     ns0 = 0
+    si_ver = -1                               # C_RESVER when SI0 was taken (-1: never)
     for i in range(n):
         e = ev[i]
         s = seq[i]
@@ -552,13 +563,15 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
             S0[1] = C[C_CACHED]
             S0[2] = C[C_EVICTABLE]
             S0[3] = C[C_HELD]
-            SI0 = _grow1(SI0, 0, C[C_RESN] + 1)
-            ns0 = 0
-            for j in range(C[C_RESN]):
-                inst = resl[j]
-                if IS[inst, I_OK] > 0:
-                    SI0[ns0] = inst
-                    ns0 += 1
+            if C[C_RESVER] != si_ver:   # NOTE: else SI0[:ns0] is still exact (C_RESVER)
+                si_ver = C[C_RESVER]
+                SI0 = _grow1(SI0, 0, C[C_RESN] + 1)
+                ns0 = 0
+                for j in range(C[C_RESN]):
+                    inst = resl[j]
+                    if IS[inst, I_OK] > 0:
+                        SI0[ns0] = inst
+                        ns0 += 1
 
         if e == EV_CACHED or e == EV_HIT:
             b = bidx[i]
@@ -683,6 +696,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                         _protect(old, mode[inst], -1, HS, C)
                     if counted and HS[old, H_COPIES] > 0:
                         IS[inst, I_OK] -= 1
+                        if IS[inst, I_OK] == 0:
+                            C[C_RESVER] += 1
                 SL[sl, S_HASH] = h
                 SL[sl, S_PREV] = -1
                 SL[sl, S_NEXT] = HS[h, H_HEAD]
@@ -694,6 +709,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     _protect(h, mode[inst], 1, HS, C)
                 if counted and HS[h, H_COPIES] > 0:
                     IS[inst, I_OK] += 1
+                    if IS[inst, I_OK] == 1:
+                        C[C_RESVER] += 1
                 _set_pred(inst, s, IS, k, R, nr, dirty, C)
         elif e == EV_HOOK:
             if C[C_HOOK] < 0:
@@ -764,23 +781,44 @@ def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarra
     return out
 
 
-# -- driver: DuckDB in, DuckDB out ---------------------------------------------------------------
+# -- driver: Arrow batches in (each run in seq order), DuckDB out ---------------------------------
 
-_EVENT_CASE: Final[str] = "CASE event " + " ".join(
-    f"WHEN '{name}' THEN {code}" for name, code in EVENT_CODES.items()) + " ELSE 0 END"
+#: Seconds spent so far in this process by the driver's parts (benchmarks print them): reading
+#: and coding the input (``input``), the compiled loop (``loop``), the whole of each window
+#: with its outputs as Arrow (``window``, includes ``loop``), handing outputs to DuckDB
+#: (``insert``).
+TIMINGS: dict[str, float] = {"input": 0.0, "loop": 0.0, "window": 0.0, "insert": 0.0}
 
-_WINDOW_SQL: Final[str] = f"""
-SELECT seq, step, ({_EVENT_CASE})::TINYINT AS ev, block_id, block_hash,
-       CASE WHEN event LIKE 'claim\\_%' ESCAPE '\\' THEN claim_id END AS claim_id, position,
-       ts_ns,
-       CASE WHEN event = 'block_evicted' THEN cause END AS cause,
-       CASE WHEN event = 'block_evicted' THEN by_request_id END AS by_request_id,
-       CASE WHEN event IN ('request_admitted', 'request_deferred', 'request_refused',
-                           'request_preempted') THEN request_id END AS request_id
-FROM events
-WHERE run_id = $rid AND seq >= $lo AND seq < $hi
-  AND event IN ({", ".join(f"'{n}'" for n in EVENT_CODES)})
-"""
+
+def _timed(items: Iterable[Any], key: str) -> Iterator[Any]:
+    it = iter(items)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            TIMINGS[key] += time.perf_counter() - t0
+            return
+        TIMINGS[key] += time.perf_counter() - t0
+        yield item
+
+# The columns of an event the pass reads (loader schema), and the events whose column it keeps.
+PASS_COLUMNS: Final[tuple[str, ...]] = (
+    "seq", "step", "event", "block_id", "block_hash", "claim_id", "position", "ts_ns", "cause",
+    "by_request_id", "request_id")
+_MASKED: Final[dict[str, Callable[[str], bool]]] = {
+    "claim_id": lambda e: e.startswith("claim_"),
+    "cause": lambda e: e == "block_evicted",
+    "by_request_id": lambda e: e == "block_evicted",
+    "request_id": lambda e: e in ("request_admitted", "request_deferred", "request_refused",
+                                  "request_preempted"),
+}
+# Rows of pass outputs held before they go to DuckDB in one INSERT per table.
+FLUSH_ROWS: Final[int] = 2_000_000
+
+# NOTE: only for a connection whose events are not in files (core.reconstruct on a table)
+_RUN_SQL: Final[str] = (f"SELECT {', '.join(PASS_COLUMNS)} FROM events WHERE run_id = $rid "
+                        "ORDER BY seq")
 
 DDL: Final[tuple[str, ...]] = (
     """CREATE OR REPLACE TEMP TABLE kv_losses (
@@ -882,7 +920,7 @@ class _Run:
         self.IS[:, I_BREAK] = -1
         self.IS[:, I_MAT] = -1
         self.IS[:, I_SEEN] = -1
-        self.C = np.zeros(10, dtype=np.int64)
+        self.C = np.zeros(11, dtype=np.int64)
         self.C[C_HOOK] = -1
         self.C[C_NSLOTS] = nslots
         self.resl = np.zeros(max(1, ni), dtype=np.int64)
@@ -950,17 +988,104 @@ def _step_cut(step: np.ndarray, step_ok: np.ndarray) -> int:
     return int(idx[-1]) + 1 if idx.size else 0
 
 
-def _insert(con: Any, table: str, data: pa.Table) -> None:
-    if data.num_rows == 0:
-        return
-    con.register("kv_chunk_in", data)
-    try:
-        con.execute(f"INSERT INTO {table} SELECT * FROM kv_chunk_in")
-    finally:
-        con.unregister("kv_chunk_in")
+class _Sink:
+    """Pass outputs held as Arrow and handed to DuckDB in one INSERT per table and flush
+    (every ``FLUSH_ROWS`` rows held, and at the end): not one small INSERT per window."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+        self.parts: dict[str, list[pa.Table]] = {}
+        self.rows = 0
+
+    def add(self, table: str, data: pa.Table) -> None:
+        if data.num_rows == 0:
+            return
+        held = self.parts.setdefault(table, [])
+        if held and not held[0].schema.equals(data.schema):
+            self.flush()   # e.g. a run without claims: plain-string columns, not dictionaries
+            held = self.parts.setdefault(table, [])
+        held.append(data)
+        self.rows += data.num_rows
+        if self.rows >= FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        t0 = time.perf_counter()
+        self._flush()
+        TIMINGS["insert"] += time.perf_counter() - t0
+
+    def _flush(self) -> None:
+        for table, parts in self.parts.items():
+            if not parts:
+                continue
+            self.con.register("kv_chunk_in", pa.concat_tables(parts))
+            try:
+                self.con.execute(f"INSERT INTO {table} SELECT * FROM kv_chunk_in")
+            finally:
+                self.con.unregister("kv_chunk_in")
+        self.parts.clear()
+        self.rows = 0
 
 
-def _window(run: _Run, con: Any, t: pa.Table) -> None:
+def pass_rows(batch: pa.RecordBatch | pa.Table) -> pa.Table:
+    """The rows of one batch of events (loader schema, ``PASS_COLUMNS`` at least) that the pass
+    reads, as its input: ``event`` coded as ``ev`` (``EVENT_CODES``), and ``claim_id``,
+    ``cause``, ``by_request_id``, ``request_id`` kept only on the events they belong to.
+
+    NOTE: the event names are dictionary-encoded once per batch; every mask is a lookup of
+    that small dictionary, not a string comparison per row.
+    """
+    enc = pc.dictionary_encode(batch.column("event"))
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.combine_chunks()
+    names = enc.dictionary.to_pylist()
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    code = np.array([EVENT_CODES.get(n, 0) for n in names] or [0], dtype=np.int8)[idx]
+    keep = np.flatnonzero(code != 0)
+    rows = pa.array(keep)
+    cols: dict[str, Any] = {"seq": batch.column("seq").take(rows),
+                            "step": batch.column("step").take(rows),
+                            "ev": pa.array(code[keep])}
+    for name in ("block_id", "block_hash", "claim_id", "position", "ts_ns", "cause",
+                 "by_request_id", "request_id"):
+        col = batch.column(name).take(rows)
+        rule_ = _MASKED.get(name)
+        if rule_ is not None and col.null_count < len(col):
+            lut = np.array([rule_(n) for n in names] or [False], dtype=bool)
+            mask = lut[idx[keep]]
+            if not mask.all():
+                col = pc.if_else(pa.array(mask), col, pa.scalar(None, col.type))
+        cols[name] = col
+    return pa.table(cols)
+
+
+def _windows(batches: Iterable[pa.RecordBatch | pa.Table], window: int) -> Iterator[pa.Table]:
+    """The pass's input in windows of about ``window`` rows, each ending at a step end (the
+    last one at the end of the run); ``batches`` are a run's events in seq order."""
+    held: list[pa.Table] = []
+    n = 0
+    for batch in batches:
+        t = pass_rows(batch)
+        if t.num_rows == 0:
+            continue
+        held.append(t)
+        n += t.num_rows
+        if n < window:
+            continue
+        w = pa.concat_tables(held).combine_chunks()
+        step, ok = _np(w.column("step"), np.int64)
+        cut = _step_cut(step, ok)
+        if cut == 0:              # one step longer than the window: read on
+            held = [w]
+            continue
+        yield w.slice(0, cut)
+        rest = w.slice(cut)
+        held, n = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if n:
+        yield pa.concat_tables(held).combine_chunks()
+
+
+def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     """Run the pass over one window (seq order, ending at a step end) and store its outputs."""
     n = t.num_rows
     seq = t.column("seq").to_numpy().astype(np.int64)
@@ -980,11 +1105,13 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
         code = np.where(iok, lut[ind], -1)
     inst_of = _instances(seq, ev, code, run.cur, run.fseq)
     bidx = run.blocks(bid, bok)
+    t0 = time.perf_counter()
     L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.resl,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
         run.relkind, run.rank, run.border(), run.unknown_from)
+    TIMINGS["loop"] += time.perf_counter() - t0
     rid = run.rid
     nl, npair = L.shape[0], P.shape[0]
     ts = t.column("ts_ns").combine_chunks()
@@ -1039,7 +1166,7 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
         "held_hash": _opt(L[:, L_HELD].view(np.uint64), L[:, L_HELD_OK] == 1, pa.uint64()),
         "bound": pa.array(L[:, L_P1] > L[:, L_P0]),
     })
-    _insert(con, "kv_losses", losses)
+    sink.add("kv_losses", losses)
     if npair:
         li = pa.array(P[:, P_LOSS])
         pairs = pa.table({
@@ -1059,21 +1186,21 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
             "step": losses.column("step").take(li),
             "repaired_in_step": pa.array(P[:, P_REPAIRED] == 1),
         })
-        _insert(con, "kv_loss_pairs", pairs)
+        sink.add("kv_loss_pairs", pairs)
     if R.shape[0]:
-        _insert(con, "kv_pred", pa.table({
+        sink.add("kv_pred", pa.table({
             "run_id": _const(rid, R.shape[0]),
             "claim_id": run.fclaim.take(pa.array(R[:, 0])),
             "claim_seq": pa.array(run.fseq[R[:, 0]]),
             "from_seq": pa.array(R[:, 1]), "to_seq": pa.array(R[:, 2])}))
     if M.shape[0]:
-        _insert(con, "kv_materialized", pa.table({
+        sink.add("kv_materialized", pa.table({
             "run_id": _const(rid, M.shape[0]),
             "claim_id": run.fclaim.take(pa.array(M[:, 0])),
             "claim_seq": pa.array(run.fseq[M[:, 0]]),
             "materialized_seq": pa.array(M[:, 1])}))
     if W.shape[0]:
-        _insert(con, "kv_copies", pa.table({
+        sink.add("kv_copies", pa.table({
             "run_id": _const(rid, W.shape[0]),
             "block_id": pa.array(W[:, 0].astype(np.int32)),
             "block_hash": pa.array(W[:, 1].view(np.uint64)),
@@ -1082,7 +1209,7 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
     if A.shape[0]:
         loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
         loff -= loff[0]
-        _insert(con, "kv_admission_state", pa.table({
+        sink.add("kv_admission_state", pa.table({
             "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
             "request_id": t.column("request_id").combine_chunks().take(pa.array(A[:, A_ROW])),
@@ -1094,11 +1221,11 @@ def _window(run: _Run, con: Any, t: pa.Table) -> None:
             "held_blocks": pa.array(A[:, A_HELD])}))
 
 
-def _finish(run: _Run, con: Any) -> None:
+def _finish(run: _Run, sink: _Sink) -> None:
     """Open predicate intervals end with the run (to_seq NULL)."""
     open_ = np.flatnonzero(run.IS[:len(run.fseq), I_PRED] == 1)
     if open_.size:
-        _insert(con, "kv_pred", pa.table({
+        sink.add("kv_pred", pa.table({
             "run_id": _const(run.rid, open_.size),
             "claim_id": run.fclaim.take(pa.array(open_)),
             "claim_seq": pa.array(run.fseq[open_]),
@@ -1106,48 +1233,39 @@ def _finish(run: _Run, con: Any) -> None:
             "to_seq": pa.nulls(open_.size, pa.int64())}))
 
 
-def build(con: Any, *, window: int | None = None,
-          progress: Callable[[int], None] | None = None) -> None:
-    """Run the labelling pass over every run of ``events`` (needs ``kv_runs``,
-    ``kv_claim_facts``); fill the tables listed in the module docstring (except ``losses``
-    and ``loss_claims``, which stage 04's SQL selects from ``kv_losses`` / ``kv_loss_pairs``).
+def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None = None,
+          window: int | None = None, progress: Callable[[int], None] | None = None) -> None:
+    """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); fill
+    the tables listed in the module docstring (except ``losses`` and ``loss_claims``, which
+    stage 04's SQL selects from ``kv_losses`` / ``kv_loss_pairs``).
 
-    ``window``: rows read at once (default ``WINDOW_ROWS``); the results never depend on it.
+    ``sources(run_id)`` yields the run's events (loader schema, ``PASS_COLUMNS`` at least) in
+    seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
+    ``window``: rows passed at once (default ``WINDOW_ROWS``); the results never depend on it.
     """
     window = WINDOW_ROWS if window is None else window
     for ddl in DDL:
         con.execute(ddl)
-    runs = con.execute("SELECT run_id, first_seq, last_seq, unknown_from_seq FROM kv_runs "
-                       "ORDER BY run_id").fetchall()
+    runs = con.execute("SELECT run_id, unknown_from_seq FROM kv_runs ORDER BY run_id").fetchall()
     keep_order = con.execute(
         "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
     con.execute("SET preserve_insertion_order = true")
+    sink = _Sink(con)
     try:
-        for rid, first, last, unknown_from in runs:
+        for rid, unknown_from in runs:
             run = _Run(con, rid, unknown_from)
-            lo, span = int(first), window
-            while lo <= last:
-                hi = lo + span
-                t = con.sql(_WINDOW_SQL, params={"rid": rid, "lo": lo, "hi": hi}).to_arrow_table()
-                if t.num_rows > 1:
-                    s = t.column("seq").to_numpy()
-                    if not bool(np.all(s[1:] > s[:-1])):
-                        t = t.take(pa.array(np.argsort(s, kind="stable")))
-                final = hi > last
-                if not final and t.num_rows:
-                    step, ok = _np(t.column("step"), np.int64)
-                    cut = _step_cut(step, ok)
-                    if cut == 0:          # one step longer than the window: widen it
-                        span *= 2
-                        continue
-                    if cut < t.num_rows:
-                        hi = int(t.column("seq")[cut].as_py())
-                        t = t.slice(0, cut)
-                if t.num_rows:
-                    _window(run, con, t)
+            batches = (sources(rid) if sources is not None else
+                       con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_reader(1 << 16))
+            for t in _timed(_windows(batches, window), "input"):
+                s = t.column("seq").to_numpy()
+                if t.num_rows > 1 and not bool(np.all(s[1:] >= s[:-1])):
+                    raise ValueError(f"run {rid}: events not in seq order")
+                t0 = time.perf_counter()
+                _window(run, sink, t)
+                TIMINGS["window"] += time.perf_counter() - t0
                 if progress is not None:
                     progress(t.num_rows)
-                lo, span = hi, window
-            _finish(run, con)
+            _finish(run, sink)
+        sink.flush()
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from kvclaims.audit import Audit, open_audit
 from kvclaims.cli import main
-from reconstruct import core
 
 TRACES = Path(__file__).resolve().parent.parent / "traces" / "arbiter-prototype"
 
@@ -45,7 +45,7 @@ EXPECTED_LABELS = {
 
 
 @pytest.fixture(scope="module")
-def tables(tmp_path_factory: pytest.TempPathFactory) -> core.Tables:
+def tables(tmp_path_factory: pytest.TempPathFactory) -> Audit:
     """Import all eight traces with the CLI, then reconstruct the run directories together."""
     root = tmp_path_factory.mktemp("arbiter-runs")
     dirs = []
@@ -55,30 +55,29 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> core.Tables:
                    "--out", str(out)])
         assert rc == 0, stem
         dirs.append(out)
-    result, _info = core.reconstruct_paths(dirs)
-    return result
+    return open_audit(dirs, reuse=False, lock=False, views=False)
 
 
-def rows(t: core.Tables, sql: str, **params: Any) -> list[tuple]:
+def rows(t: Audit, sql: str, **params: Any) -> list[tuple]:
     return t.con.execute(sql, params).fetchall()
 
 
-def labels(t: core.Tables, stem: str) -> dict[str, int]:
+def labels(t: Audit, stem: str) -> dict[str, int]:
     return dict(rows(t, "SELECT label, count(*) FROM losses WHERE run_id = $rid GROUP BY label",
                      rid=RUN_IDS[stem]))
 
 
-def test_every_trace_becomes_one_reconstructed_run(tables: core.Tables) -> None:
-    assert sorted(tables.run_ids) == sorted(RUN_IDS.values())
+def test_every_trace_becomes_one_reconstructed_run(tables: Audit) -> None:
+    assert sorted(tables.runs) == sorted(RUN_IDS.values())
 
 
 @pytest.mark.parametrize("stem", list(EXPECTED_LABELS))
-def test_loss_labels_match_the_papers_audit(tables: core.Tables, stem: str) -> None:
+def test_loss_labels_match_the_papers_audit(tables: Audit, stem: str) -> None:
     assert labels(tables, stem) == EXPECTED_LABELS[stem]
 
 
 @pytest.mark.parametrize("stem", list(EXPECTED_LABELS))
-def test_no_loss_is_unknown(tables: core.Tables, stem: str) -> None:
+def test_no_loss_is_unknown(tables: Audit, stem: str) -> None:
     [run] = [r for r in tables.summary() if r["run_id"] == RUN_IDS[stem]]
     assert run["unknown_from_seq"] is None and not run["truncated"]
     assert "unknown" not in labels(tables, stem)
@@ -89,19 +88,19 @@ def test_no_loss_is_unknown(tables: core.Tables, stem: str) -> None:
     ("live_scheduler_pressure", "claim:live-resident", 19),
 ])
 def test_hard_claim_refuses_the_active_request_naming_the_claim(
-        tables: core.Tables, stem: str, claim: str, shortfall: int) -> None:
+        tables: Audit, stem: str, claim: str, shortfall: int) -> None:
     refused = rows(tables, "SELECT blocking_claim_ids, shortfall_blocks FROM requests "
                            "WHERE run_id = $rid AND outcome = 'refused'", rid=RUN_IDS[stem])
     assert refused == [([claim], shortfall)]
 
 
 @pytest.mark.parametrize("stem", ["hard_resident_exclude_80", "live_scheduler_pressure"])
-def test_hard_claim_is_preserved(tables: core.Tables, stem: str) -> None:
+def test_hard_claim_is_preserved(tables: Audit, stem: str) -> None:
     assert rows(tables, "SELECT outcome FROM claims WHERE run_id = $rid",
                 rid=RUN_IDS[stem]) == [("preserved",)]
 
 
-def test_live_request_was_deferred_before_its_refusal(tables: core.Tables) -> None:
+def test_live_request_was_deferred_before_its_refusal(tables: Audit) -> None:
     (deferrals, first_deferred, refused_seq), = rows(
         tables, "SELECT deferrals, first_deferred_seq, refused_seq FROM requests "
                 "WHERE run_id = $rid AND outcome = 'refused'",
@@ -110,7 +109,7 @@ def test_live_request_was_deferred_before_its_refusal(tables: core.Tables) -> No
 
 
 @pytest.mark.parametrize("stem", ["native_80", "write_no_admit_80", "native_130"])
-def test_native_runs_have_no_claim(tables: core.Tables, stem: str) -> None:
+def test_native_runs_have_no_claim(tables: Audit, stem: str) -> None:
     assert rows(tables, "SELECT count(*) FROM claims WHERE run_id = $rid",
                 rid=RUN_IDS[stem]) == [(0,)]
 
@@ -118,7 +117,7 @@ def test_native_runs_have_no_claim(tables: core.Tables, stem: str) -> None:
 @pytest.mark.parametrize("stem,outcome,release", [("demote", "demoted", "claim_demoted"),
                                                    ("expire", "expired", "claim_expired")])
 def test_release_precedes_every_loss_and_decides_its_label(
-        tables: core.Tables, stem: str, outcome: str, release: str) -> None:
+        tables: Audit, stem: str, outcome: str, release: str) -> None:
     rid = RUN_IDS[stem]
     (got_outcome, release_seq, release_event), = rows(
         tables, "SELECT outcome, release_seq, release_event FROM claims WHERE run_id = $rid",
@@ -130,7 +129,7 @@ def test_release_precedes_every_loss_and_decides_its_label(
     assert release_seq < first_loss and decided_by == [release_seq]
 
 
-def test_unenforced_claim_is_harmed_at_its_first_loss(tables: core.Tables) -> None:
+def test_unenforced_claim_is_harmed_at_its_first_loss(tables: Audit) -> None:
     rid = RUN_IDS["claim_metadata_60_70_80"]
     (outcome, first_harm, value_lost, reported), = rows(
         tables, "SELECT outcome, first_harm_seq, value_lost, reported_harm_seq FROM claims "
@@ -141,27 +140,27 @@ def test_unenforced_claim_is_harmed_at_its_first_loss(tables: core.Tables) -> No
     assert reported is not None
 
 
-def test_prototype_harm_report_order_is_a_shown_finding(tables: core.Tables) -> None:
+def test_prototype_harm_report_order_is_a_shown_finding(tables: Audit) -> None:
     kinds = [k for (k,) in rows(tables, "SELECT kind FROM findings WHERE run_id = $rid",
                                 rid=RUN_IDS["claim_metadata_60_70_80"])]
     assert "harm_reported_before_loss" in kinds
 
 
-def test_live_shortfall_against_67_allocatable_is_a_shown_finding(tables: core.Tables) -> None:
+def test_live_shortfall_against_67_allocatable_is_a_shown_finding(tables: Audit) -> None:
     kinds = {k for (k,) in rows(tables, "SELECT kind FROM findings WHERE run_id = $rid",
                                 rid=RUN_IDS["live_scheduler_pressure"])}
     assert "shortfall_mismatch" in kinds
 
 
 @pytest.mark.parametrize("stem", ["native_80", "write_no_admit_80"])
-def test_native_pressure_loses_the_tail_blocks(tables: core.Tables, stem: str) -> None:
+def test_native_pressure_loses_the_tail_blocks(tables: Audit, stem: str) -> None:
     # physical block id = logical position + 1 in the capacity sweep
     lost = {b for (b,) in rows(tables, "SELECT block_id FROM losses WHERE run_id = $rid",
                                rid=RUN_IDS[stem])}
     assert lost == set(range(11, 61))
 
 
-def verdict(t: core.Tables, stem: str, check: str) -> str:
+def verdict(t: Audit, stem: str, check: str) -> str:
     (v,), = rows(t, 'SELECT verdict FROM conformance WHERE run_id = $rid AND "check" = $c',
                  rid=RUN_IDS[stem], c=check)
     return v
@@ -171,7 +170,7 @@ def verdict(t: core.Tables, stem: str, check: str) -> str:
     ("hard_resident_exclude_80", "L3"), ("live_scheduler_pressure", "L3"),
     ("demote", "L4"), ("expire", "L5")])
 def test_the_prototypes_conflicts_exercise_and_pass_their_check(
-        tables: core.Tables, stem: str, check: str) -> None:
+        tables: Audit, stem: str, check: str) -> None:
     assert verdict(tables, stem, check) == "pass"
 
 
@@ -181,5 +180,5 @@ def test_the_prototypes_conflicts_exercise_and_pass_their_check(
     # no claim at all, and at 130 nothing conflicts
     ("native_130", "L3"), ("native_80", "L4"), ("hard_resident_exclude_80", "L5")])
 def test_checks_the_prototype_trace_does_not_exercise_are_not_passes(
-        tables: core.Tables, stem: str, check: str) -> None:
+        tables: Audit, stem: str, check: str) -> None:
     assert verdict(tables, stem, check) == "not_exercised"

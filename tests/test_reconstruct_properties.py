@@ -112,7 +112,8 @@ def reference(events: list[dict[str, Any]]) -> tuple[dict, dict]:
                 elif c["mode"] == "soft_priority" and not low:
                     lab = "eviction"
                 else:
-                    assert c["mode"] in RESIDENCY_MODES
+                    # a residency promise, or soft_priority with a lower-priority block to take
+                    assert c["mode"] in RESIDENCY_MODES or c["mode"] == "soft_priority"
                     lab = "harm"
                 pairs[(seq, block, cs)] = lab
                 labs.append(lab)

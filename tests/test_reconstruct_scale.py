@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvclaims.audit import open_audit
 from reconstruct import core, labels, loader, synthetic
 
 MEMORY_LIMIT = "64MB"
@@ -35,12 +36,12 @@ def test_small_memory_limit_and_windows_equal_in_memory(run_dir: Path, tmp_path:
     assert held > 64 * 2**20, "the trace must not fit in the memory limit tested"
 
     monkeypatch.setattr(labels, "WINDOW_ROWS", 50_000)   # ~20 windows: carried pass state
-    small, info = core.reconstruct_paths([run_dir], memory_limit=MEMORY_LIMIT,
-                                         temp_directory=tmp_path / "spill", threads=1)
+    small = open_audit([run_dir], memory_limit=MEMORY_LIMIT, temp_directory=tmp_path / "spill",
+                       threads=1, reuse=False, lock=False, views=False)
     spilled = small.con.sql(
         "SELECT sum(temporary_storage_bytes) FROM duckdb_memory()").fetchall()[0][0]
     assert spilled > 0, "DuckDB should have spilled to temp_directory"
-    assert info.run_dirs == {"scale": run_dir}
+    assert small.run_dirs == {"scale": run_dir}
 
     counts = dict(small.con.sql("SELECT label, count(*) FROM losses GROUP BY label").fetchall())
     assert counts.keys() >= {"harm", "relaxation", "eviction"}

@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+from kvclaims.audit import open_audit
 from reconstruct import core, shapes
 from tests import verdict_shapes as vs
 
@@ -209,14 +210,14 @@ SHIPPED = Path(__file__).resolve().parent.parent / "traces" / "live_pressure"
 
 def test_an_observed_run_directory_is_judged_from_its_manifest(tmp_path: Path) -> None:
     run = _copy_run(SHIPPED, tmp_path / "observed", evidence="observed")
-    t, _ = core.reconstruct_paths([run])
+    t = open_audit([run], reuse=False, lock=False, views=False)
     v = dict(t.con.sql('SELECT "check", verdict FROM conformance').fetchall())
     assert v["L3"] == "not_exercised" and v["INV_refusal_names_protected_claim"] == "not_exercised"
 
 
 def test_the_same_run_directory_recorded_in_engine_is_judged(tmp_path: Path) -> None:
     run = _copy_run(SHIPPED, tmp_path / "in-engine")
-    t, _ = core.reconstruct_paths([run])
+    t = open_audit([run], reuse=False, lock=False, views=False)
     v = dict(t.con.sql('SELECT "check", verdict FROM conformance').fetchall())
     assert v["L3"] == "pass" and v["INV_refusal_names_protected_claim"] == "pass"
 
