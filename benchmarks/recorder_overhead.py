@@ -1,6 +1,6 @@
 """The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
 
-Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 3] [--shapes prefix,multiturn]
+Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 3] [--shapes prefix,multiturn,short]
 [--writer-only | --engine-only]`` (in-process engines; ~10 min on 2 shared cores).
 
 Engine part. One in-process vLLM CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) per run, with
@@ -8,13 +8,17 @@ vLLM's plain ``Scheduler`` (``plain``), the recorder under ``native`` with no cl
 recorder under ``hard_protected`` with claims (``hard``); the configurations alternate, ``--rounds``
 times. Timed: CPU time of the engine thread (``time.thread_time_ns``) inside ``schedule()`` and
 ``update_from_output()``: the scheduler's own work with every recorder hook in it, not the model,
-not the writer thread. Wall time on a shared CPU is too noisy for a few percent. Two shapes:
+not the writer thread. Wall time on a shared CPU is too noisy for a few percent. Three shapes:
 
 - ``prefix``: 400 requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks, 160
   usable blocks: heavy eviction (the shape of issue 9);
 - ``multiturn``: a shape the recorder was not tuned on: 24 conversations of 6 turns, each turn
   the whole history plus a new message, 24-token answers, 8 conversations at once over 120
-  usable blocks (decode growth, preemption, prefix hits on the history).
+  usable blocks (decode growth, preemption, prefix hits on the history);
+- ``short``: added after the hot path was tuned on the other two, and not tuned on: 600 short
+  requests (1-4 unique blocks, one in five behind a shared one-block system prompt, 2-16 output
+  tokens), 48 at a time over 200 usable blocks: many arrivals and finishes, few hits, little
+  eviction (the recorder's fixed per-request cost).
 
 Per-event cost = (recorder's scheduler CPU - plain's) / events recorded, medians over rounds.
 
@@ -100,7 +104,27 @@ def multiturn_shape(conversations: int = 24, turns: int = 6, seed: int = 1) -> \
     return phases, 120
 
 
-SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape}
+def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
+    """Many short requests with little sharing (a shape nobody tuned the recorder on): ``n``
+    prompts of 1-4 unique blocks, one in five behind a one-block system prompt shared by all,
+    2-16 output tokens, 48 at a time over 200 usable blocks; every tenth claims its prompt
+    (``best_effort``: recorded, never enforced)."""
+    from recorder.scenarios import tokens
+
+    rng = random.Random(seed)
+    system = tokens(3000, 1)
+    reqs: list[Request] = []
+    for i in range(n):
+        prompt = tokens(20000 + i, rng.randint(1, 4))
+        if rng.random() < 0.2:
+            prompt = system + prompt
+        claim = ({"claim_id": f"s-{i}", "tenant": f"t{i % 4}", "protection_mode": "best_effort"}
+                 if i % 10 == 0 else None)
+        reqs.append((f"s{i}", prompt, claim, rng.randint(2, 16)))
+    return [reqs[i:i + 48] for i in range(0, n, 48)], 200
+
+
+SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape}
 
 
 # -- one engine run ---------------------------------------------------------------------------
@@ -299,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the engine table per shape and the writer figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--shapes", default="prefix,multiturn")
+    ap.add_argument("--shapes", default="prefix,multiturn,short")
     ap.add_argument("--engine-only", action="store_true")
     ap.add_argument("--writer-only", action="store_true")
     ap.add_argument("--writer-events", type=int, default=1_000_000)

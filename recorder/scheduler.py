@@ -368,7 +368,10 @@ class KVClaimsMixin:
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         if self.kvc_ready:
-            self.kvc_safely(self.kvc_on_finish, request)
+            try:
+                self.kvc_on_finish(request)
+            except Exception as exc:  # noqa: BLE001 - fail open, as kvc_safely
+                self.kvc_failed("kvc_on_finish", exc)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def kvc_on_finish(self, request: Any) -> None:
