@@ -1,6 +1,6 @@
 """The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
 
-Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 3] [--shapes prefix,multiturn]
+Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 3] [--shapes prefix,multiturn,short]
 [--writer-only | --engine-only]`` (in-process engines; ~10 min on 2 shared cores).
 
 Engine part. One in-process vLLM CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) per run, with
@@ -8,15 +8,25 @@ vLLM's plain ``Scheduler`` (``plain``), the recorder under ``native`` with no cl
 recorder under ``hard_protected`` with claims (``hard``); the configurations alternate, ``--rounds``
 times. Timed: CPU time of the engine thread (``time.thread_time_ns``) inside ``schedule()`` and
 ``update_from_output()``: the scheduler's own work with every recorder hook in it, not the model,
-not the writer thread. Wall time on a shared CPU is too noisy for a few percent. Two shapes:
+not the writer thread. Wall time on a shared CPU is too noisy for a few percent. Three shapes:
 
 - ``prefix``: 400 requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks, 160
   usable blocks: heavy eviction (the shape of issue 9);
 - ``multiturn``: a shape the recorder was not tuned on: 24 conversations of 6 turns, each turn
   the whole history plus a new message, 24-token answers, 8 conversations at once over 120
-  usable blocks (decode growth, preemption, prefix hits on the history).
+  usable blocks (decode growth, preemption, prefix hits on the history);
+- ``short``: added after the hot path was tuned on the other two, and not tuned on: 600 short
+  requests (1-4 unique blocks, one in five behind a shared one-block system prompt, 2-16 output
+  tokens), 48 at a time over 200 usable blocks: many arrivals and finishes, few hits, little
+  eviction (the recorder's fixed per-request cost).
 
 Per-event cost = (recorder's scheduler CPU - plain's) / events recorded, medians over rounds.
+
+``--lockstep``: the same shapes without engines: vLLM's ``Scheduler`` and the recorder's, built
+by vLLM's own test helper (``create_scheduler`` from its source distribution, fetched as
+``tests/upstream/vllm_upstream.py`` does) and driven with hand-made model outputs (one token
+per request), all three stepped side by side so that load on a shared machine hits them alike.
+Seconds per round instead of minutes, and a few-ms resolution.
 
 Writer part (issue 9 item 4). The writer thread's sustained rate: a producer thread emits the
 realistic event mix of ``recorder_cost.py`` as fast as it can; events written / wall seconds, and
@@ -100,7 +110,27 @@ def multiturn_shape(conversations: int = 24, turns: int = 6, seed: int = 1) -> \
     return phases, 120
 
 
-SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape}
+def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
+    """Many short requests with little sharing (a shape nobody tuned the recorder on): ``n``
+    prompts of 1-4 unique blocks, one in five behind a one-block system prompt shared by all,
+    2-16 output tokens, 48 at a time over 200 usable blocks; every tenth claims its prompt
+    (``best_effort``: recorded, never enforced)."""
+    from recorder.scenarios import tokens
+
+    rng = random.Random(seed)
+    system = tokens(3000, 1)
+    reqs: list[Request] = []
+    for i in range(n):
+        prompt = tokens(20000 + i, rng.randint(1, 4))
+        if rng.random() < 0.2:
+            prompt = system + prompt
+        claim = ({"claim_id": f"s-{i}", "tenant": f"t{i % 4}", "protection_mode": "best_effort"}
+                 if i % 10 == 0 else None)
+        reqs.append((f"s{i}", prompt, claim, rng.randint(2, 16)))
+    return [reqs[i:i + 48] for i in range(0, n, 48)], 200
+
+
+SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape}
 
 
 # -- one engine run ---------------------------------------------------------------------------
@@ -210,6 +240,117 @@ def engine_table(shape: str, rounds: int, tmp: Path) -> list[str]:
     return rows
 
 
+# -- lockstep: the schedulers alone, driven side by side -------------------------------------
+
+def _vllm_test_utils() -> Any:
+    """vLLM's ``tests.v1.core.utils`` from its source distribution (as the upstream harness and
+    ``tests/test_async_scheduler.py`` fetch it), imported with this repository's ``tests`` set
+    aside."""
+    sys.path.insert(0, str(ROOT / "tests" / "upstream"))
+    import vllm_upstream
+
+    root = vllm_upstream.vllm_tests()
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules)
+            if k == "tests" or k.startswith("tests.")}
+    sys.path.insert(0, str(root))
+    try:
+        from tests.v1.core import utils
+    finally:
+        sys.path.remove(str(root))
+        for k in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    utils.MODEL_DIR = str(root / "facebook" / "opt-125m")
+    return utils
+
+
+def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], dict[str, int]]:
+    """One pass of ``shape`` through plain, native and hard schedulers built by vLLM's own test
+    helper, stepped side by side (each step: every scheduler's schedule() and
+    update_from_output() in turn, the order alternating), with hand-made model outputs of one
+    token per request (no model, as vLLM's scheduler tests do). Returns each configuration's
+    scheduler CPU seconds and events written.
+
+    NOTE: interleaving step by step exposes the configurations to the same load at the same
+    moments, which a shared machine's drift between whole runs does not.
+    """
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request as VRequest
+
+    import recorder.scheduler as rs
+    from recorder.scenarios import BLOCK_SIZE
+
+    phases, usable = SHAPES[shape]()
+    init_none_hash(sha256)
+    scheds = {}
+    for config in CONFIGS:
+        os.environ.update(KVCLAIMS_OUT=str(tmp / config), KVCLAIMS_RUN_ID=f"lock-{config}",
+                          KVCLAIMS_POLICY=POLICY[config] or "native")
+        scheds[config] = utils.create_scheduler(
+            model=utils.MODEL_DIR, enable_prefix_caching=True, num_blocks=usable + 1,
+            block_size=BLOCK_SIZE, max_model_len=usable * BLOCK_SIZE,
+            max_num_batched_tokens=8192, max_num_seqs=256,
+            scheduler_cls=Scheduler if POLICY[config] is None else rs.KVClaimsScheduler)
+    spent = dict.fromkeys(CONFIGS, 0)
+    order = list(CONFIGS)
+    for phase in phases:
+        for config, sched in scheds.items():
+            for name, prompt, claim, max_tokens in phase:
+                params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=(
+                    {"kv_claim": claim} if claim and config == "hard" else None))
+                params.update_from_generation_config({}, 2)
+                sched.add_request(VRequest(
+                    request_id=name, prompt_token_ids=prompt, sampling_params=params,
+                    pooling_params=None, block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256)))
+        while any(s.has_requests() for s in scheds.values()):
+            order.reverse()
+            for config in order:
+                sched = scheds[config]
+                if not sched.has_requests():
+                    continue
+                t0 = _clock()
+                out = sched.schedule()
+                spent[config] += _clock() - t0
+                ids = list(out.num_scheduled_tokens)
+                result = ModelRunnerOutput(
+                    req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                    sampled_token_ids=[[7] for _ in ids], logprobs=None,
+                    prompt_logprobs_dict={}, pooler_output=[])
+                t0 = _clock()
+                sched.update_from_output(out, result)
+                spent[config] += _clock() - t0
+    events = {}
+    for config, sched in scheds.items():
+        events[config] = 0
+        if POLICY[config] is not None:
+            sched.shutdown()
+            events[config] = int(json.loads(
+                (tmp / config / "manifest.json").read_text())["events_written"])
+    return {c: v / 1e9 for c, v in spent.items()}, events
+
+
+def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any) -> list[str]:
+    """``rounds`` lockstep passes of one shape; the printed rows (medians over rounds)."""
+    runs = [lockstep_run(shape, tmp / f"lock-{shape}-{r}", utils) for r in range(rounds)]
+    plain = statistics.median(r[0]["plain"] for r in runs)
+    rows = [f"lockstep {shape}: schedulers alone (vLLM's create_scheduler, hand-made outputs), "
+            f"{rounds} rounds",
+            f"  {'config':<8}{'sched CPU s':>12}{'added ms':>10}{'events':>10}{'µs/event':>10}"
+            f"{'ratio':>8}"]
+    for config in CONFIGS:
+        med = statistics.median(r[0][config] for r in runs)
+        added = statistics.median(r[0][config] - r[0]["plain"] for r in runs)
+        events = runs[0][1][config]
+        per_event = f"{added / events * 1e6:10.2f}" if events else f"{'-':>10}"
+        rows.append(f"  {config:<8}{med:12.3f}{added * 1e3:10.1f}{events:>10,}{per_event}"
+                    f"{med / plain:8.2f}")
+    return rows
+
+
 # -- the writer thread ------------------------------------------------------------------------
 
 def _thread_cpu_s(thread: threading.Thread) -> float:
@@ -299,8 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     """Print the engine table per shape and the writer figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--shapes", default="prefix,multiturn")
+    ap.add_argument("--shapes", default="prefix,multiturn,short")
     ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="instead of engines: the schedulers alone, stepped side by side")
     ap.add_argument("--writer-only", action="store_true")
     ap.add_argument("--writer-events", type=int, default=1_000_000)
     ap.add_argument("--capacity", type=int, default=1_000_000,
@@ -319,7 +462,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     rows: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        if not args.writer_only:
+        if args.lockstep:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # OPT's 2,048 < 6,400
+            utils = _vllm_test_utils()
+            for shape in shapes:
+                rows += lockstep_table(shape, args.rounds, Path(tmp), utils)
+                print("\n".join(rows[-5:]), file=sys.stderr, flush=True)
+        elif not args.writer_only:
             for shape in shapes:
                 rows += engine_table(shape, args.rounds, Path(tmp))
         if not args.engine_only:

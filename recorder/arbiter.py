@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from recorder.claims import ClaimDeclaration, Rejection, parse_claim
 from recorder.policies import OFFLOAD_REJECTION, PINNING_MODES, Policy
@@ -51,12 +51,16 @@ class Claim:
     pinned: set[int] = field(default_factory=set)  # block ids this claim holds a pin on
 
 
-@dataclass(frozen=True)
-class Admission:
-    """The arbiter's answer for a request asking for blocks."""
+class Admission(NamedTuple):
+    """The arbiter's answer for a request asking for blocks.
+
+    NOTE: a NamedTuple (immutable, like the frozen dataclass it replaced) because one is built
+    for every admission in the engine's hot path, and a frozen dataclass's ``__init__`` costs
+    several Python-level ``object.__setattr__`` calls.
+    """
 
     action: str  # admit | defer | wait | refuse
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any]
 
 
 class ClaimArbiter:
@@ -88,7 +92,16 @@ class ClaimArbiter:
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
         self._deferrals: dict[str, tuple[int, float]] = {}  # request -> (steps, since)
         self._soft_in_force: set[str] = set()
-        self._broken: dict[Claim, Hashable] = {}  # broken in this step: reported at its end
+        # broken in this step, reported at its end (``end_of_step``; the dict is never rebound)
+        self.broken: dict[Claim, Hashable] = {}
+        # NOTE: plain attributes, not properties: the engine's hooks read them on every
+        # allocation, cache step and scheduler step (a property is a Python call each time).
+        # ``watched`` and ``pins`` are the live dicts themselves (never rebound); the flags are
+        # kept current by ``_update_flags`` whenever a claim starts or ends.
+        self.watched: dict[Hashable, list[tuple[Claim, int]]] = self._by_hash
+        self.pins: dict[int, set[str]] = self._pins
+        self.has_soft_claims = False
+        self.has_deadlines = False
         self._tenant_blocks: dict[str | None, int] = {}  # blocks claimed by protecting claims
 
     # ----------------------------------------------------------------- declarations
@@ -154,6 +167,7 @@ class ClaimArbiter:
             self._expiring[cid] = claim
         if mode == "soft_priority":
             self._soft_in_force.add(cid)
+        self._update_flags()
         if self._would_protect(mode):
             self._tenant_blocks[decl.tenant] = self._tenant_blocks.get(decl.tenant, 0) + \
                 len(hashes)
@@ -194,10 +208,10 @@ class ClaimArbiter:
             self._resident[key] = blocks
 
     # ----------------------------------------------------------------- block content
-    @property
-    def watched(self) -> dict[Hashable, Any]:
-        """Content bound to claims in force (hooks test membership before calling in)."""
-        return self._by_hash
+    def _update_flags(self) -> None:
+        """Recompute the hot-path flags after a claim started or ended."""
+        self.has_soft_claims = self.policy.enforce and bool(self._soft_in_force)
+        self.has_deadlines = bool(self._expiring)
 
     def on_resident(self, block: Block, key: Hashable) -> None:
         """A block now holds reusable content (cached, or hit by a request)."""
@@ -235,7 +249,7 @@ class ClaimArbiter:
             # best_effort promised nothing, and whether a soft_priority loss broke its order
             # depends on the other evictable blocks, which only the offline timeline sees
             if claim.missing == 1 and claim.materialized and claim.mode in RESIDENCY_MODES:
-                self._broken.setdefault(claim, key)
+                self.broken.setdefault(claim, key)
 
     def end_of_step(self) -> None:
         """Report the harm of every claim still broken when the scheduler step ends.
@@ -244,10 +258,11 @@ class ClaimArbiter:
         evict a claimed block and cache identical content again (a request hitting the
         prefix), which breaks nothing.
         """
-        if not self._broken:
+        if not self.broken:
             return
-        broken, self._broken = self._broken, {}
-        for claim, key in broken.items():
+        broken = list(self.broken.items())
+        self.broken.clear()
+        for claim, key in broken:
             if claim.missing > 0:
                 self._emit("claim_harmed", claim_id=claim.decl.claim_id, block_hash=key)
 
@@ -263,16 +278,6 @@ class ClaimArbiter:
         for key, copies in list(self._resident.items()):
             for block_id in list(copies):
                 self.on_lost(block_id, key)
-
-    @property
-    def has_deadlines(self) -> bool:
-        """Whether any claim in force can expire (the per-step check is skipped otherwise)."""
-        return bool(self._expiring)
-
-    @property
-    def has_soft_claims(self) -> bool:
-        """Whether allocation must look for soft-claimed blocks at all (cheap, hot path)."""
-        return self.policy.enforce and bool(self._soft_in_force)
 
     def is_protected(self, block_id: int) -> bool:
         """Whether a claim holds an extra reference on this block."""
@@ -323,6 +328,7 @@ class ClaimArbiter:
         del self.claims[cid]
         self._expiring.pop(cid, None)
         self._soft_in_force.discard(cid)
+        self._update_flags()
         if self._would_protect(claim.mode):
             left = self._tenant_blocks.get(claim.decl.tenant, 0) - len(claim.hashes)
             if left > 0:
@@ -379,8 +385,10 @@ class ClaimArbiter:
         fields = {"request_id": request_id, "blocks_required": blocks_required,
                   "free_blocks": free_blocks, "usable_blocks": self.usable_blocks}
         if not self.policy.enforce or not self._pins or blocks_required > self.usable_blocks:
-            self._deferrals.pop(request_id, None)
-            return Admission("admit", {**fields, "protected_blocks": len(self._pins)})
+            if self._deferrals:
+                self._deferrals.pop(request_id, None)
+            fields["protected_blocks"] = len(self._pins)
+            return Admission("admit", fields)
         shortfall = len(self._pins) + blocks_required - self.usable_blocks
         if shortfall > 0:
             for claim in self._demotion_plan(shortfall):

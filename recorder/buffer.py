@@ -248,7 +248,7 @@ def _entry_len(event: Any) -> int:
     return event[1] if event.__class__ is tuple else 1
 
 
-_COLUMN_TYPES = (list, tuple)
+_COLUMN_TYPES = (list, tuple, range)
 
 
 def _check_names(events: list[Any], field_dicts: list[dict[str, Any]]) -> None:
@@ -479,13 +479,15 @@ class EventBuffer:
 
         return emit
 
-    def emit_many(self, event: str, n: int, fields: dict[str, Any]) -> None:
+    def emit_many(self, event: str, n: int,
+                  fields: dict[str, Any] | tuple[tuple[str, Any], ...]) -> None:
         """Record ``n`` events of one kind as one entry. Never raises, never waits for I/O.
 
-        Each value in ``fields`` is a tuple (or list) of ``n`` values, one per event, or one
-        value shared by all ``n`` (a list-typed column, ``blocking_claim_ids``, is always
-        shared). Tuples keep the pending entry invisible to the cyclic GC. The
-        events take ``n`` consecutive seqs and one ``ts_ns``.
+        ``fields`` is a dict, or the same as a tuple of ``(name, value)`` pairs (what the
+        engine's hooks pass: nothing to convert). Each value is a tuple (or list, or ``range``)
+        of ``n`` values, one per event, or one value shared by all ``n`` (a list-typed column,
+        ``blocking_claim_ids``, is always shared). Tuples keep the pending entry invisible to
+        the cyclic GC. The events take ``n`` consecutive seqs and one ``ts_ns``.
         """
         self._make_emit_many()(event, n, fields)  # pragma: no cover - shadowed per instance
 
@@ -501,7 +503,7 @@ class EventBuffer:
         note_error = self._note_error
         clock = _monotonic_ns
 
-        def emit_many(event: str, n: int, fields: dict[str, Any]) -> None:
+        def emit_many(event: str, n: int, fields: Any) -> None:
             """Record ``n`` events of one kind as one entry. Never raises."""
             if n <= 0:
                 return
@@ -509,8 +511,10 @@ class EventBuffer:
                 ts = clock()
                 entry = (event, n)
                 # NOTE: pairs, not the dict: a tuple of tuples of untracked values is untracked
-                # by the GC's first pass; a dict holding tuples would stay tracked while pending
-                fields = tuple(fields.items())
+                # by the GC's first pass; a dict holding tuples would stay tracked while pending.
+                # The engine's hooks pass the pairs themselves (no dict to build and convert).
+                if fields.__class__ is dict:
+                    fields = tuple(fields.items())
                 with lock:
                     k = len(seqs)
                     if k >= state.limit:

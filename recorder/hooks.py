@@ -11,6 +11,8 @@ NOTE: invariants
 - one hook call emits one entry per event kind (``emit_many``: the whole allocation, free list,
   cache step or hit list as columns), never one ``emit`` per block; block hashes travel as
   vLLM's raw ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
+- per-block work in a hook is C-level passes (``map`` with ``attrgetter``, slices,
+  ``list.count`` / ``in``), never a Python loop or a Python call per block, in the usual case;
 - the arbiter is called only for content bound to a claim in force (``arbiter.watched``);
 - every attribute added to vLLM's objects is named ``kvc_*``.
 """
@@ -18,10 +20,30 @@ NOTE: invariants
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from recorder.scheduler import KVClaimsMixin
+
+_BLOCK_ID = attrgetter("block_id")
+
+
+def _hash_getter(block_cls: type) -> Any:
+    """A C-level getter of a block's ``block_hash``.
+
+    NOTE: vLLM's ``KVCacheBlock.block_hash`` is a Python property over the ``_block_hash`` slot;
+    reading the slot directly skips a Python call per block. Used only when the property
+    really is that slot's plain getter (any other layout: the public property).
+    """
+    prop = getattr(block_cls, "block_hash", None)
+    slot = getattr(block_cls, "_block_hash", None)
+    fget = getattr(prop, "fget", None)
+    code = getattr(fget, "__code__", None)
+    if slot is not None and type(slot).__name__ == "member_descriptor" and code is not None \
+            and code.co_names == ("_block_hash",):
+        return attrgetter("_block_hash")
+    return attrgetter("block_hash")
 
 
 def group_keys(block_hashes: Sequence[bytes], group_id: int = 0) -> list[bytes]:
@@ -55,16 +77,19 @@ class RecordingHashIndex:
     here once per evicted key, and blocks without content cost nothing (hooking
     ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block).
     ``kvc_sink`` says what a successful pop means: None, a loss to report now (an explicit
-    eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair, a loss to collect
-    (the pool's hook emits the whole list as one entry); False, not a loss (vLLM moving or
-    promoting a hash inside ``cache_full_blocks`` / ``move_block_hashes``).
+    eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair of lists, a loss to
+    collect (the pool's hook emits the whole list as one entry); False, not a loss (vLLM moving
+    or promoting a hash inside ``cache_full_blocks`` / ``move_block_hashes``).
+    ``kvc_base_pop`` is the base class's ``pop`` (set on the class by ``kvc_watch_index``):
+    calling it directly costs less than ``super()`` on a path taken once per evicted block.
     """
 
     kvc_pool: RecordingBlockPool
     kvc_sink: Any = None
+    kvc_base_pop: Any
 
     def pop(self, key: Any, block_id: int) -> Any:
-        block = super().pop(key, block_id)  # type: ignore[misc]
+        block = self.kvc_base_pop(key, block_id)
         if block is not None:
             sink = self.kvc_sink
             if sink is None:
@@ -76,45 +101,59 @@ class RecordingHashIndex:
 
 
 class RecordingBlockPool:
-    """Mixin over ``vllm.v1.core.block_pool.BlockPool``."""
+    """Mixin over ``vllm.v1.core.block_pool.BlockPool``.
+
+    ``install`` sets the ``kvc_*`` references the hooks read (the scheduler, its arbiter, its
+    emitters, the reuse-denied set, the null block's id, the hash getter), so a hook reaches
+    them in one attribute lookup; ``kvc_request_id`` is the request the KV-cache manager is
+    allocating or freeing for (None outside those calls).
+    """
 
     kvc_sched: KVClaimsMixin
+    kvc_arbiter: Any
+    kvc_emit_many: Any
+    kvc_reuse_denied: set[str]
+    kvc_null_id: int
+    kvc_hash: Any
+    kvc_request_id: str | None = None
     cached_block_hash_to_block: Any  # vLLM's; its class is swapped by kvc_watch_index
 
     def get_new_blocks(self, num_blocks: int) -> list:
-        kvc = self.kvc_sched
-        arbiter = kvc.kvc_arbiter
+        arbiter = self.kvc_arbiter
         if arbiter.has_soft_claims:
-            kvc.kvc_safely(_defer_soft_claimed, self.free_block_queue,  # type: ignore[attr-defined]
-                           num_blocks, arbiter.is_soft_claimed)
+            self.kvc_sched.kvc_safely(_defer_soft_claimed,
+                                      self.free_block_queue,  # type: ignore[attr-defined]
+                                      num_blocks, arbiter.is_soft_claimed)
         index = self.cached_block_hash_to_block
-        lost: tuple[list[int], list[bytes]] = ([], [])
-        index.kvc_sink = lost
+        lost_ids: list[int] = []
+        lost_keys: list[bytes] = []
+        index.kvc_sink = (lost_ids, lost_keys)
         try:
             blocks = super().get_new_blocks(num_blocks)  # type: ignore[misc]
         finally:
             index.kvc_sink = None
         try:
-            request_id = kvc.kvc_current_request_id
-            if lost[0]:
-                self.kvc_report_lost(lost, "allocation", request_id)
-            kvc.kvc_emit_many("block_allocated", len(blocks), {
-                "block_id": tuple([b.block_id for b in blocks]), "request_id": request_id})
+            request_id = self.kvc_request_id
+            if lost_ids:
+                self.kvc_report_lost(lost_ids, lost_keys, "allocation", request_id)
+            self.kvc_emit_many("block_allocated", len(blocks), (
+                ("block_id", tuple(map(_BLOCK_ID, blocks))), ("request_id", request_id)))
         except Exception as exc:  # noqa: BLE001
-            kvc.kvc_failed("get_new_blocks", exc)
+            self.kvc_sched.kvc_failed("get_new_blocks", exc)
         return blocks
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         index = self.cached_block_hash_to_block
-        lost: tuple[list[int], list[bytes]] = ([], [])
-        index.kvc_sink = lost
+        lost_ids: list[int] = []
+        lost_keys: list[bytes] = []
+        index.kvc_sink = (lost_ids, lost_keys)
         try:
             super().evict_blocks(block_ids)  # type: ignore[misc]
         finally:
             index.kvc_sink = None
-        if lost[0]:
+        if lost_ids:
             try:
-                self.kvc_report_lost(lost, "explicit", self.kvc_sched.kvc_current_request_id)
+                self.kvc_report_lost(lost_ids, lost_keys, "explicit", self.kvc_request_id)
             except Exception as exc:  # noqa: BLE001
                 self.kvc_sched.kvc_failed("evict_blocks", exc)
 
@@ -128,27 +167,23 @@ class RecordingBlockPool:
             super().move_block_hashes(src_block, dst_block)  # type: ignore[misc]
         finally:
             index.kvc_sink = None
-        kvc = self.kvc_sched
         key = dst_block.block_hash
-        if key is not None and key in kvc.kvc_arbiter.watched:
-            kvc.kvc_safely(kvc.kvc_arbiter.on_resident, dst_block, key)
+        if key is not None and key in self.kvc_arbiter.watched:
+            self.kvc_sched.kvc_safely(self.kvc_arbiter.on_resident, dst_block, key)
 
-    def kvc_report_lost(self, lost: tuple[list[int], list[bytes]], cause: str,
+    def kvc_report_lost(self, ids: list[int], keys: list[bytes], cause: str,
                         request_id: str | None) -> None:
         """One ``block_evicted`` entry for collected losses; tell the arbiter of claimed ones."""
-        kvc = self.kvc_sched
-        ids, keys = lost
-        kvc.kvc_emit_many("block_evicted", len(ids), {
-            "block_id": tuple(ids), "block_hash": tuple(keys), "cause": cause,
-            "by_request_id": request_id})
-        if kvc.kvc_arbiter.watched:
-            kvc.kvc_safely(kvc.kvc_arbiter.on_lost_many, ids, keys)
+        self.kvc_emit_many("block_evicted", len(ids), (
+            ("block_id", tuple(ids)), ("block_hash", tuple(keys)), ("cause", cause),
+            ("by_request_id", request_id)))
+        if self.kvc_arbiter.watched:
+            self.kvc_sched.kvc_safely(self.kvc_arbiter.on_lost_many, ids, keys)
 
     def kvc_lost_now(self, block_id: int, key: bytes) -> None:
         """A loss outside an allocation or ``evict_blocks`` call (vLLM evicting one block)."""
         try:
-            self.kvc_report_lost(([block_id], [key]), "explicit",
-                                 self.kvc_sched.kvc_current_request_id)
+            self.kvc_report_lost([block_id], [key], "explicit", self.kvc_request_id)
         except Exception as exc:  # noqa: BLE001
             self.kvc_sched.kvc_failed("_maybe_evict_cached_block", exc)
 
@@ -157,19 +192,19 @@ class RecordingBlockPool:
         index = self.cached_block_hash_to_block
         if not isinstance(index, RecordingHashIndex):
             base = type(index)
-            index.__class__ = type(f"Recording{base.__name__}", (RecordingHashIndex, base), {})
+            index.__class__ = type(f"Recording{base.__name__}", (RecordingHashIndex, base),
+                                   {"kvc_base_pop": base.pop})
         index.kvc_pool = self
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
                           num_full_blocks: int, block_size: int, kv_cache_group_id: int,
                           block_mask: list[bool] | None = None) -> None:
-        kvc = self.kvc_sched
-        if request.request_id in kvc.kvc_reuse_denied:
-            return  # write no-admit: this request's blocks never become reusable
         if num_cached_blocks >= num_full_blocks:
             return
+        if self.kvc_reuse_denied and request.request_id in self.kvc_reuse_denied:
+            return  # write no-admit: this request's blocks never become reusable
         new = blocks[num_cached_blocks:num_full_blocks]
-        before = [b.block_hash for b in new]
+        before = list(map(self.kvc_hash, new))
         index = self.cached_block_hash_to_block
         index.kvc_sink = False  # a partial block's hash promoted to a full one: not a loss
         try:
@@ -179,19 +214,55 @@ class RecordingBlockPool:
         finally:
             index.kvc_sink = None
         try:
-            _record_cached(kvc, request, new, before, num_cached_blocks)
+            self.kvc_record_cached(request, new, before, num_cached_blocks)
         except Exception as exc:  # noqa: BLE001
-            kvc.kvc_failed("cache_full_blocks", exc)
+            self.kvc_sched.kvc_failed("cache_full_blocks", exc)
+
+    def kvc_record_cached(self, request: Any, new: list, before: list,
+                          first_position: int) -> None:
+        """One ``block_cached`` entry for the blocks of ``new`` that gained a hash."""
+        hashes = request.block_hashes
+        n = len(new)
+        last = first_position + n
+        keys = list(map(self.kvc_hash, new))
+        ids = tuple(map(_BLOCK_ID, new))
+        if before.count(None) == n and None not in keys and self.kvc_null_id not in ids \
+                and len(hashes) >= last:
+            # NOTE: the usual case (every new full block cached): whole-list slices, no
+            # per-block Python
+            kept = new
+            positions: Sequence[int] = range(first_position, last)
+            parents = ((hashes[first_position - 1] if first_position > 0 else None),
+                       *hashes[first_position:last - 1])
+        else:
+            null = self.kvc_null_id
+            idx = [i for i in range(n) if keys[i] is not None and keys[i] != before[i]
+                   and ids[i] != null]
+            if not idx:
+                return
+            kept = [new[i] for i in idx]
+            keys = [keys[i] for i in idx]
+            ids = tuple([ids[i] for i in idx])
+            positions = tuple([first_position + i for i in idx])
+            parents = tuple([hashes[p - 1] if 0 < p <= len(hashes) else None
+                             for p in positions])
+        self.kvc_emit_many("block_cached", len(ids), (
+            ("block_id", ids), ("block_hash", tuple(keys)), ("parent_hash", parents),
+            ("position", positions), ("request_id", request.request_id)))
+        if self.kvc_arbiter.watched:
+            self.kvc_sched.kvc_safely(self.kvc_arbiter.on_resident_many, kept, keys)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
-        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)
         super().free_blocks(blocks)  # type: ignore[misc]
         try:
-            ids = tuple([b.block_id for b in blocks if not b.is_null])
+            ids = tuple(map(_BLOCK_ID, blocks))
+            null = self.kvc_null_id
+            if null in ids:
+                ids = tuple([i for i in ids if i != null])
             if ids:
-                kvc = self.kvc_sched
-                kvc.kvc_emit_many("block_freed", len(ids), {
-                    "block_id": ids, "request_id": kvc.kvc_current_request_id})
+                self.kvc_emit_many("block_freed", len(ids), (
+                    ("block_id", ids), ("request_id", self.kvc_request_id)))
         except Exception as exc:  # noqa: BLE001
             self.kvc_sched.kvc_failed("free_blocks", exc)
 
@@ -201,7 +272,7 @@ class RecordingBlockPool:
             kvc = self.kvc_sched
             kvc.kvc_safely(self.kvc_watch_index)  # vLLM replaced the index with a new one
             kvc.kvc_emit("cache_reset", reason="reset_prefix_cache")
-            kvc.kvc_safely(kvc.kvc_arbiter.on_reset)
+            kvc.kvc_safely(self.kvc_arbiter.on_reset)
         return done
 
     # The arbiter's extra reference: vLLM's own touch / free, without block events.
@@ -212,44 +283,36 @@ class RecordingBlockPool:
         super().free_blocks(blocks)  # type: ignore[misc]
 
 
-def _record_cached(kvc: KVClaimsMixin, request: Any, new: list, before: list,
-                   first_position: int) -> None:
-    """One ``block_cached`` entry for the blocks of ``new`` that gained a hash."""
-    hashes = request.block_hashes
-    last = first_position + len(new)
-    if all(h is None for h in before) and all(b.block_hash is not None and not b.is_null
-                                              for b in new) and len(hashes) >= last:
-        # NOTE: the usual case (every new full block cached): whole-list slices, no branches
-        kept = new
-        positions = list(range(first_position, last))
-        parents = ([hashes[first_position - 1]] if first_position > 0 else [None]) + \
-            list(hashes[first_position:last - 1])
-    else:
-        idx = [i for i, b in enumerate(new) if b.block_hash is not None
-               and b.block_hash != before[i] and not b.is_null]
-        if not idx:
-            return
-        kept = [new[i] for i in idx]
-        positions = [first_position + i for i in idx]
-        parents = [hashes[p - 1] if 0 < p <= len(hashes) else None for p in positions]
-    keys = [b.block_hash for b in kept]
-    kvc.kvc_emit_many("block_cached", len(kept), {
-        "block_id": tuple([b.block_id for b in kept]), "block_hash": tuple(keys),
-        "parent_hash": tuple(parents), "position": tuple(positions),
-        "request_id": request.request_id})
-    if kvc.kvc_arbiter.watched:
-        kvc.kvc_safely(kvc.kvc_arbiter.on_resident_many, kept, keys)
-
-
 class RecordingKVCacheManager:
-    """Mixin over ``vllm.v1.core.kv_cache_manager.KVCacheManager``: request context + hits."""
+    """Mixin over ``vllm.v1.core.kv_cache_manager.KVCacheManager``: request context + hits.
+
+    NOTE: the fast path (a running request growing) only names the request on the pool for the
+    duration of vLLM's call; admission (a waiting or preempted request's first blocks) goes
+    through the arbiter in ``kvc_allocate_admitting``.
+    """
 
     kvc_sched: KVClaimsMixin
+    kvc_pool: RecordingBlockPool
+    kvc_admission_states: frozenset
 
     def allocate_slots(self, request: Any, num_new_tokens: int, *args: Any,
                        **kwargs: Any) -> Any:
+        if request.status in self.kvc_admission_states:
+            return self.kvc_allocate_admitting(request, num_new_tokens, args, kwargs)
+        pool = self.kvc_pool
+        previous = pool.kvc_request_id
+        pool.kvc_request_id = request.request_id
+        try:
+            return super().allocate_slots(request, num_new_tokens,  # type: ignore[misc]
+                                          *args, **kwargs)
+        finally:
+            pool.kvc_request_id = previous
+
+    def kvc_allocate_admitting(self, request: Any, num_new_tokens: int, args: tuple,
+                               kwargs: dict[str, Any]) -> Any:
+        """``allocate_slots`` for a request asking for its first blocks: the arbiter first."""
         kvc = self.kvc_sched
-        admitting = kvc.kvc_is_admission(request)
+        admitting = request.request_id not in kvc.kvc_to_refuse
         if admitting:
             try:
                 admit = kvc.kvc_admit(request, *args, **kwargs)
@@ -258,12 +321,14 @@ class RecordingKVCacheManager:
                 admit = True
             if not admit:
                 return None
-        previous, kvc.kvc_current_request_id = kvc.kvc_current_request_id, request.request_id
+        pool = self.kvc_pool
+        previous = pool.kvc_request_id
+        pool.kvc_request_id = request.request_id
         try:
             result = super().allocate_slots(request, num_new_tokens,  # type: ignore[misc]
                                             *args, **kwargs)
         finally:
-            kvc.kvc_current_request_id = previous
+            pool.kvc_request_id = previous
         if admitting and result is not None:
             try:
                 kvc.kvc_admitted(request, *args, **kwargs)
@@ -272,12 +337,13 @@ class RecordingKVCacheManager:
         return result
 
     def free(self, request: Any) -> None:
-        kvc = self.kvc_sched
-        previous, kvc.kvc_current_request_id = kvc.kvc_current_request_id, request.request_id
+        pool = self.kvc_pool
+        previous = pool.kvc_request_id
+        pool.kvc_request_id = request.request_id
         try:
             super().free(request)  # type: ignore[misc]
         finally:
-            kvc.kvc_current_request_id = previous
+            pool.kvc_request_id = previous
 
 
 def _defer_soft_claimed(queue: Any, num_blocks: int, soft: Any) -> None:
@@ -307,10 +373,21 @@ def _defer_soft_claimed(queue: Any, num_blocks: int, soft: Any) -> None:
 
 def install(scheduler: KVClaimsMixin) -> None:
     """Swap the engine's pool and manager classes for their recording subclasses."""
+    from vllm.v1.request import RequestStatus
+
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
     for obj, mixin in ((pool, RecordingBlockPool), (manager, RecordingKVCacheManager)):
         base = type(obj)
         obj.__class__ = type(f"Recording{base.__name__}", (mixin, base), {})
         obj.kvc_sched = scheduler
+    # NOTE: the references every hook reads, set once here (none of them is ever rebound)
+    pool.kvc_arbiter = scheduler.kvc_arbiter
+    pool.kvc_emit_many = scheduler.kvc_emit_many
+    pool.kvc_reuse_denied = scheduler.kvc_reuse_denied
+    null = getattr(pool, "null_block", None)
+    pool.kvc_null_id = null.block_id if null is not None else -1
+    pool.kvc_hash = _hash_getter(type(null) if null is not None else object)
+    manager.kvc_pool = pool
+    manager.kvc_admission_states = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
     pool.kvc_watch_index()

@@ -34,6 +34,7 @@ import logging
 import os
 import time
 import uuid
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +127,15 @@ class KVClaimsMixin:
         self.kvc_events: EventBuffer | None = None
         self.kvc_emit: Any = _discard
         self.kvc_emit_many: Any = _discard_many
+        self.kvc_advance_step: Any = _no_step
         try:
             # step 0: everything before the first schedule() (run_started, early arrivals)
             self.kvc_events = EventBuffer(RunWriter(out, run_info), self.kvc_run_id, step=0)
             self.kvc_emit = self.kvc_events.emit  # the buffer has already emitted run_started
             self.kvc_emit_many = self.kvc_events.emit_many
+            self.kvc_advance_step = self.kvc_events.advance_step
         except Exception:  # noqa: BLE001 - an unwritable run directory must not stop serving
             logger.exception("kvclaims: cannot record to %s; serving without a trace", out)
-        self.kvc_current_request_id: str | None = None
         self.kvc_reuse_denied: set[str] = set()
         self.kvc_tenants: dict[str, str] = {}
         self.kvc_admitted_cached_tokens: dict[str, int] = {}
@@ -211,13 +213,21 @@ class KVClaimsMixin:
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Any) -> None:
         if self.kvc_ready and request.request_id not in self.requests:
-            self.kvc_safely(self.kvc_on_arrival, request)
+            try:
+                self.kvc_on_arrival(request)
+            except Exception as exc:  # noqa: BLE001 - fail open, as kvc_safely
+                self.kvc_failed("kvc_on_arrival", exc)
         super().add_request(request)  # type: ignore[misc]
 
     def kvc_on_arrival(self, request: Any) -> None:
         """Record the arrival; hand the claim and releases it declares to the arbiter."""
         params = request.sampling_params
         extra = getattr(params, "extra_args", None) if params is not None else None
+        if not extra and not self.kvc_policy.deny_reuse:
+            # NOTE: the usual request (no claim, tenant or release; reuse allowed): one event
+            self.kvc_emit("request_arrived", request_id=request.request_id, tenant=None,
+                          num_prompt_tokens=request.num_prompt_tokens, claim_id=None)
+            return
         raw = raw_claim(extra)
         claim_id = declared_claim_id(raw, request.request_id) if raw is not None else None
         tenant = (raw or {}).get("tenant") or (extra or {}).get("kv_tenant")
@@ -236,25 +246,24 @@ class KVClaimsMixin:
             self.kvc_reuse_denied.add(request.request_id)
             self.kvc_emit("reuse_denied", request_id=request.request_id)
 
-    def kvc_is_admission(self, request: Any) -> bool:
-        """A waiting (or preempted) request asking for its first blocks."""
-        return request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) \
-            and request.request_id not in self.kvc_to_refuse
-
     def kvc_admit(self, request: Any, *args: Any, **kwargs: Any) -> bool:
-        """Ask the arbiter; on defer or refuse, record it and keep the request out."""
+        """Ask the arbiter; on defer or refuse, record it and keep the request out.
+
+        Called for a waiting (or preempted) request asking for its first blocks
+        (``RecordingKVCacheManager.allocate_slots``).
+        """
         arbiter = self.kvc_arbiter
         pinned_hits = 0
-        if arbiter.protected_blocks:
+        if arbiter.pins:
             hits = _hit_blocks(_computed_blocks(args, kwargs))
             pinned_hits = sum(1 for b in hits if arbiter.is_protected(b.block_id))
         required = -(-request.num_tokens // self.block_size) - pinned_hits
         pool = self.kv_cache_manager.block_pool
         decision = arbiter.admit(request.request_id, required, pool.get_num_free_blocks())
         if decision.action == "admit":
-            # free_blocks after any demotion the decision made
-            self.kvc_pending_admission = {**decision.fields,
-                                          "free_blocks": pool.get_num_free_blocks()}
+            # free_blocks after any demotion the decision made (the decision's own dict)
+            decision.fields["free_blocks"] = pool.get_num_free_blocks()
+            self.kvc_pending_admission = decision.fields
             return True
         if decision.action == "defer":
             self.kvc_emit("request_deferred", **decision.fields)
@@ -284,16 +293,25 @@ class KVClaimsMixin:
         hits = _hit_blocks(_computed_blocks(args, kwargs))
         if not hits:
             return
-        kept = [(p, b) for p, b in enumerate(hits) if b.block_hash is not None and not b.is_null]
-        if not kept:
-            return
-        blocks = [b for _, b in kept]
-        keys = [b.block_hash for b in blocks]
-        self.kvc_emit_many("block_hit", len(kept), {
-            "block_id": tuple([b.block_id for b in blocks]), "block_hash": tuple(keys),
-            "position": tuple([p for p, _ in kept]), "request_id": request.request_id})
+        pool = self.kv_cache_manager.block_pool
+        keys = list(map(pool.kvc_hash, hits))
+        ids = tuple(map(_BLOCK_ID, hits))
+        null = pool.kvc_null_id
+        if None in keys or null in ids:
+            kept = [p for p in range(len(hits)) if keys[p] is not None and ids[p] != null]
+            if not kept:
+                return
+            hits = [hits[p] for p in kept]
+            keys = [keys[p] for p in kept]
+            ids = tuple([ids[p] for p in kept])
+            positions: Any = tuple(kept)
+        else:
+            positions = range(len(hits))  # NOTE: the usual case: no per-block Python
+        self.kvc_emit_many("block_hit", len(ids), (
+            ("block_id", ids), ("block_hash", tuple(keys)), ("position", positions),
+            ("request_id", request.request_id)))
         if self.kvc_arbiter.watched:
-            self.kvc_arbiter.on_resident_many(blocks, keys)
+            self.kvc_arbiter.on_resident_many(hits, keys)
 
     def kvc_release_claim(self, claim_id: str, reason: str = "released by the operator") -> bool:
         """The operator's release from Python (in-process engines; see ``recorder.api``);
@@ -303,13 +321,16 @@ class KVClaimsMixin:
 
     # ----------------------------------------------------------------- scheduler steps
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.kvc_ready:
-            return super().schedule(*args, **kwargs)  # type: ignore[misc]
-        self.kvc_safely(self.kvc_arbiter.end_of_step)  # the previous step ended
-        if self.kvc_events is not None:
-            self.kvc_safely(self.kvc_events.advance_step)
-        if self.kvc_arbiter.has_deadlines:
-            self.kvc_safely(self.kvc_arbiter.tick)
+        if self.kvc_ready:
+            arbiter = self.kvc_arbiter
+            if arbiter.broken:
+                self.kvc_safely(arbiter.end_of_step)  # the previous step ended
+            try:
+                self.kvc_advance_step()
+            except Exception as exc:  # noqa: BLE001 - fail open, as kvc_safely
+                self.kvc_failed("advance_step", exc)
+            if arbiter.has_deadlines:
+                self.kvc_safely(arbiter.tick)
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -347,20 +368,27 @@ class KVClaimsMixin:
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         if self.kvc_ready:
-            self.kvc_safely(self.kvc_on_finish, request)
+            try:
+                self.kvc_on_finish(request)
+            except Exception as exc:  # noqa: BLE001 - fail open, as kvc_safely
+                self.kvc_failed("kvc_on_finish", exc)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def kvc_on_finish(self, request: Any) -> None:
         """Record a finished request (any reason) and drop its bookkeeping."""
         rid = request.request_id
         reason = request.get_finished_reason()
-        self.kvc_emit("request_finished", request_id=rid,
-                      finish_reason=str(reason) if reason is not None else None,
+        text = _REASON_TEXT.get(reason)
+        if text is None and reason is not None:
+            text = _REASON_TEXT[reason] = str(reason)
+        self.kvc_emit("request_finished", request_id=rid, finish_reason=text,
                       num_cached_tokens=self.kvc_admitted_cached_tokens.pop(rid, 0),
                       num_output_tokens=request.num_output_tokens,
                       reason=REFUSAL_STOP_REASON if rid in self.kvc_to_refuse else None)
-        self.kvc_reuse_denied.discard(rid)
-        self.kvc_tenants.pop(rid, None)
+        if self.kvc_reuse_denied:
+            self.kvc_reuse_denied.discard(rid)
+        if self.kvc_tenants:
+            self.kvc_tenants.pop(rid, None)
         self.kvc_arbiter.forget(rid)
 
     def shutdown(self) -> None:
@@ -419,8 +447,17 @@ def _discard(event: str, **fields: Any) -> None:
     """The emitter used when no run directory could be opened."""
 
 
-def _discard_many(event: str, n: int, fields: dict[str, Any]) -> None:
+def _discard_many(event: str, n: int, fields: Any) -> None:
     """The bulk emitter used when no run directory could be opened."""
+
+
+def _no_step() -> None:
+    """The step marker used when no run directory could be opened."""
+
+
+# str(FinishReason) per reason (vLLM's __str__ is a Python call; the texts never change)
+_REASON_TEXT: dict[Any, str] = {}
+_BLOCK_ID = attrgetter("block_id")
 
 
 def _computed_blocks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
