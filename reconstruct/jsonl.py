@@ -22,7 +22,7 @@ from typing import IO, Any, Final
 
 import pyarrow as pa
 
-from recorder.buffer import build_batch
+from recorder.batches import build_batch
 from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
                              SchemaError, check_event)
 from recorder.trace_writer import HASH_IMPORTED, RunWriter

@@ -21,7 +21,8 @@ import pytest
 
 from benchmarks.recorder_cost import workload
 from recorder import trace_writer
-from recorder.buffer import EventBuffer, build_batch
+from recorder.batches import build_batch
+from recorder.buffer import EventBuffer
 from recorder.trace_writer import RunWriter, WriteError, segment_name
 from reconstruct.loader import group_checksum, load_runs, scan_stream
 

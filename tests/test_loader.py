@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from recorder.buffer import EventBuffer, build_batch
+from recorder.batches import build_batch
+from recorder.buffer import EventBuffer
 from recorder.schema import ARROW_SCHEMA, COLUMNS, SCHEMA_VERSION
 from recorder.trace_writer import RunWriter, segment_name
 from reconstruct.loader import (EVENTS_SCHEMA, TraceError, batch_reader, iter_batches,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from recorder.buffer import build_batch
+from recorder.batches import build_batch
 from recorder.schema import ARROW_SCHEMA, SCHEMA_VERSION, InputError, SchemaError
 from recorder.trace_writer import RunWriter, segment_name
 
