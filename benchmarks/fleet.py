@@ -28,9 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reconstruct import fleet  # noqa: E402
+from kvclaims.reconstruct import fleet  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
-from reconstruct.synthetic import write_trace  # noqa: E402
+from kvclaims.generators.synthetic import write_trace  # noqa: E402
 
 
 def make_fleet(out: Path, runs: int, giant_events: int, seed: int = 7) -> list[Path]:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec  # noqa: E402
 
-from recorder import kv_events as kv  # noqa: E402
+from kvclaims.recorder import kv_events as kv  # noqa: E402
 
 BS = 32
 

@@ -30,9 +30,9 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from benchmarks.recorder_cost import workload  # noqa: E402
-from recorder.buffer import pending_to_batch  # noqa: E402
-from recorder.trace_writer import SEALED_NAME, RunWriter  # noqa: E402
-from reconstruct.loader import iter_batches  # noqa: E402
+from kvclaims.recorder.buffer import pending_to_batch  # noqa: E402
+from kvclaims.recorder.trace_writer import SEALED_NAME, RunWriter  # noqa: E402
+from kvclaims.reconstruct.loader import iter_batches  # noqa: E402
 
 
 def write_run(run: Path, n: int, batch: int) -> tuple[float, float]:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recorder.buffer import EventBuffer  # noqa: E402
-from recorder.trace_writer import RunWriter  # noqa: E402
-from reconstruct.loader import load_runs  # noqa: E402
+from kvclaims.recorder.buffer import EventBuffer  # noqa: E402
+from kvclaims.recorder.trace_writer import RunWriter  # noqa: E402
+from kvclaims.reconstruct.loader import load_runs  # noqa: E402
 
 
 def workload(n: int, seed: int = 0) -> list[tuple[str, dict]]:

@@ -70,7 +70,7 @@ Phase = list[Request]  # submitted together, run to idle
 def prefix_shape(n: int = 400, seed: int = 0) -> tuple[list[Phase], int]:
     """``n`` requests over 24 shared documents, 16 at a time; every fourth document's first
     request declares a hard claim on it. 160 usable blocks."""
-    from recorder.scenarios import tokens
+    from kvclaims.recorder.scenarios import tokens
 
     rng = random.Random(seed)
     docs = [tokens(1000 + d, rng.randint(4, 24)) for d in range(24)]
@@ -92,7 +92,7 @@ def multiturn_shape(conversations: int = 24, turns: int = 6, seed: int = 1) -> \
     """Multi-turn chats: each turn resends the history plus a new message (1-3 blocks); 8
     conversations run at once; the first turn of every third conversation claims its opening
     message. 120 usable blocks."""
-    from recorder.scenarios import tokens
+    from kvclaims.recorder.scenarios import tokens
 
     rng = random.Random(seed)
     phases: list[Phase] = []
@@ -115,7 +115,7 @@ def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
     prompts of 1-4 unique blocks, one in five behind a one-block system prompt shared by all,
     2-16 output tokens, 48 at a time over 200 usable blocks; every tenth claims its prompt
     (``best_effort``: recorded, never enforced)."""
-    from recorder.scenarios import tokens
+    from kvclaims.recorder.scenarios import tokens
 
     rng = random.Random(seed)
     system = tokens(3000, 1)
@@ -171,9 +171,9 @@ def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    import recorder.scheduler as rs
-    from recorder.scenarios import Driver, engine_args
-    from recorder.tiny_model import ensure_tiny_model
+    import kvclaims.recorder.scheduler as rs
+    from kvclaims.recorder.scenarios import Driver, engine_args
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
 
     # NOTE: the class vLLM itself would build for this config, timed; the recorder's async
     # variant by name, as a timed subclass is not upgraded by KVClaimsScheduler.__new__.
@@ -281,8 +281,8 @@ def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], d
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request as VRequest
 
-    import recorder.scheduler as rs
-    from recorder.scenarios import BLOCK_SIZE
+    import kvclaims.recorder.scheduler as rs
+    from kvclaims.recorder.scenarios import BLOCK_SIZE
 
     phases, usable = SHAPES[shape]()
     init_none_hash(sha256)
@@ -360,8 +360,8 @@ def _thread_cpu_s(thread: threading.Thread) -> float:
 def writer_sustained(events: list[tuple[str, dict]], tmp: Path) -> tuple[float, float, int]:
     """Emit everything as fast as possible from a producer thread; (events/s wall through
     close, events per writer-thread CPU second, events dropped)."""
-    from recorder.buffer import EventBuffer
-    from recorder.trace_writer import RunWriter
+    from kvclaims.recorder.buffer import EventBuffer
+    from kvclaims.recorder.trace_writer import RunWriter
 
     buf = EventBuffer(RunWriter(tmp / "sustained", {"run_id": "w"}), "w",
                       capacity=len(events) + 16)
@@ -387,9 +387,9 @@ def writer_sustained(events: list[tuple[str, dict]], tmp: Path) -> tuple[float, 
 def writer_offered(events: list[tuple[str, dict]], rate: int, window_s: float, capacity: int,
                    out: Path) -> tuple[int, int, int]:
     """Offer ``rate`` events/s for ``window_s`` s; (emitted, dropped, recorder_gap rows)."""
-    from reconstruct.loader import load_runs
-    from recorder.buffer import EventBuffer
-    from recorder.trace_writer import RunWriter
+    from kvclaims.reconstruct.loader import load_runs
+    from kvclaims.recorder.buffer import EventBuffer
+    from kvclaims.recorder.trace_writer import RunWriter
 
     buf = EventBuffer(RunWriter(out, {"run_id": "o"}), "o", capacity=capacity)
     emit = buf.emit

@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.reconstruct import write_shape  # noqa: E402
-from reconstruct import core, loader  # noqa: E402
+from kvclaims.reconstruct import core, loader  # noqa: E402
 
 _TARGET_RE = re.compile(r"CREATE\s+OR\s+REPLACE\s+(?:TEMP\s+)?TABLE\s+(\w+)", re.IGNORECASE)
 COMPARED = core.TABLE_NAMES + ("lowering",)

@@ -26,8 +26,8 @@ if __package__ in (None, ""):  # run as a script by `streamlit run`: make the re
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from dashboard import charts, data, report  # noqa: E402
-from recorder.schema import InputError  # noqa: E402
+from kvclaims.dashboard import charts, data, report  # noqa: E402
+from kvclaims.recorder.schema import InputError  # noqa: E402
 
 #: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
 PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"),

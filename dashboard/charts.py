@@ -1,6 +1,6 @@
 """Altair charts for the dashboard and the HTML report (one implementation for both).
 
-Each function takes DataFrames from ``dashboard.data`` and returns a chart; none computes a
+Each function takes DataFrames from ``kvclaims.dashboard.data`` and returns a chart; none computes a
 number of its own. The app draws them with ``st.altair_chart``; the report renders the same
 spec offline (``to_png``/``to_svg``, vl-convert), so a report needs no network to be viewed.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from dashboard.data import (LABEL_COLORS, LABELS, OCCUPANCY, OCCUPANCY_COLORS,
+from kvclaims.dashboard.data import (LABEL_COLORS, LABELS, OCCUPANCY, OCCUPANCY_COLORS,
                             OCCUPANCY_TITLES)
 
 _LABEL_SCALE = alt.Scale(domain=list(LABELS), range=[LABEL_COLORS[k] for k in LABELS])

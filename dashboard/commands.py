@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 APP = Path(__file__).resolve().parent / "app.py"
 LOCAL = "127.0.0.1"
@@ -86,7 +86,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from dashboard.report import write_report
+    from kvclaims.dashboard.report import write_report
     from kvclaims.progress import Progress
 
     if args.out.is_dir():

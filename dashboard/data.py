@@ -9,7 +9,7 @@ reconstructed table does not already hold: these functions select, filter and re
 ``Audit``); the page functions take an ``Audit`` or, for one-off use, the run directory paths
 themselves (which reconstructs them)::
 
-    from dashboard import data
+    from kvclaims.dashboard import data
     audit = data.load_audit(["traces/sweep-resident60_active70", "traces/multi_tenant"])
     data.capacity_sweep(audit)              # the capacity_sweep view, one row per run
     data.explanation(audit, "tenant-d").to_text()   # kvclaims.explaining.explain
@@ -29,7 +29,7 @@ from typing import Any, Final, TypeAlias
 
 import pandas as pd
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 PathLike: TypeAlias = "str | Path"
 
@@ -132,7 +132,7 @@ def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
     """Split paths into those naming readable run directories (a run, or a sweep holding
     runs) and error messages for the others. Only manifests are checked here; a corrupt
     segment is reported by ``load_audit``."""
-    from reconstruct.loader import open_runs
+    from kvclaims.reconstruct.loader import open_runs
 
     good: list[str] = []
     errors: list[str] = []
@@ -166,7 +166,7 @@ def load_audit(paths: Sequence[PathLike],
     """Load and reconstruct the run directories ``paths`` names (run or sweep directories),
     apply the SQL library and fetch what the pages show.
 
-    Raises ``recorder.schema.InputError`` (a ``TraceError``, naming the file) when a path is
+    Raises ``kvclaims.recorder.schema.InputError`` (a ``TraceError``, naming the file) when a path is
     not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
     """
     if isinstance(paths, (str, Path)):
@@ -358,8 +358,8 @@ def _occupancy(con: Any, runs: pd.DataFrame) -> pd.DataFrame:
     NOTE: only the code's own constants (policy names, modes) are formatted into the SQL,
     never a trace string; the runs' policies are joined from ``run_started`` in SQL.
     """
-    from recorder.policies import POLICIES
-    from recorder.schema import PINNING_MODES
+    from kvclaims.recorder.policies import POLICIES
+    from kvclaims.recorder.schema import PINNING_MODES
 
     def lit(v: str) -> str:
         return "'" + v.replace("'", "''") + "'"

@@ -3,7 +3,7 @@
 ``kvclaims report RUN_DIR... --out report.html`` (or ``build_report(paths)``) writes the
 headline, the block-level timeline of the runs that matter, the claims table, the findings and
 the conformance verdicts (``not_exercised`` kept apart from ``pass``). Charts are the
-dashboard's own (``dashboard.charts``), rendered offline to PNG and embedded as images, so the
+dashboard's own (``kvclaims.dashboard.charts``), rendered offline to PNG and embedded as images, so the
 page fetches nothing when opened and runs no script; every trace string is HTML-escaped.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from dashboard import charts, data
+from kvclaims.dashboard import charts, data
 
 #: Timelines drawn at most (runs with harm, refusals or failing checks first).
 MAX_TIMELINES = 6

@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 #: Tables the reconstruction builds that the audit shows (besides ``events`` and
 #: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
@@ -198,18 +198,19 @@ def _code_version() -> str:
     """A hash of everything that decides the reconstructed tables (stage SQL, the Python
     that drives it, the vocabulary): a stamp written by other code is never trusted."""
     h = hashlib.sha256()
-    for package, pattern in (("reconstruct", "*.py"), ("reconstruct", "sql/*.sql")):
+    for package, pattern in (("kvclaims.reconstruct", "*.py"),
+                             ("kvclaims.reconstruct", "sql/*.sql")):
         root = Path(str(resources.files(package)))
         for f in sorted(root.glob(pattern)):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
     for module in ("schema.py", "policies.py"):
-        h.update(Path(str(resources.files("recorder"))).joinpath(module).read_bytes())
+        h.update(Path(str(resources.files("kvclaims.recorder"))).joinpath(module).read_bytes())
     return h.hexdigest()
 
 
 def _fingerprint(run: Any) -> dict[str, Any]:
     """What a run directory holds now (manifest bytes, each segment's size and mtime)."""
-    from recorder.trace_writer import MANIFEST_NAME
+    from kvclaims.recorder.trace_writer import MANIFEST_NAME
 
     manifest = (run.path / MANIFEST_NAME).read_bytes()
     return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),
@@ -310,7 +311,7 @@ class Audit:
     def write(self, out_dir: str | Path, run_id: str | None = None) -> list[Path]:
         """Write the reconstructed tables as ``OUT_DIR/<table>.parquet`` (``run_id``'s rows
         only if given), without the derived ``ts`` column."""
-        from reconstruct.core import write_tables
+        from kvclaims.reconstruct.core import write_tables
 
         names = self._reconstructed()
         raw = write_tables(self.con, [_RAW + n if self._wrapped(n) else n for n in names],
@@ -326,7 +327,7 @@ class Audit:
     def write_reconstructed(self) -> dict[str, Path]:
         """Write each run's tables to ``RUN_DIR/reconstructed/`` with the stamp that lets a
         later ``open`` reuse them; returns where each run went."""
-        from reconstruct.loader import open_run
+        from kvclaims.reconstruct.loader import open_run
 
         code = _code_version()
         written = {}
@@ -345,7 +346,7 @@ class Audit:
     def summary(self) -> list[dict[str, Any]]:
         """Per run: events, loss counts by label, claim, request outcomes, findings (needs
         the reconstruction's run facts: an audit opened with ``reuse=False``)."""
-        from reconstruct.core import Tables
+        from kvclaims.reconstruct.core import Tables
 
         return Tables(self.con, self.runs).summary()
 
@@ -392,7 +393,7 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     """
     import duckdb
 
-    from reconstruct import core, loader
+    from kvclaims.reconstruct import core, loader
 
     given = expand_paths(paths)
     jsonl = [p for p in given if p.is_file() and p.suffix == ".jsonl"]
@@ -429,7 +430,7 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
                             progress=progress, persist=False, sources=files)
         _register_manifests(con, info)
         tables = _add_utc(con) if views else _shown(con)
-        import queries
+        from kvclaims import queries
 
         view_names = queries.apply(con) if views else []
         if progress is not None:
@@ -461,7 +462,7 @@ def _check_unique_runs(events: Any, runs: Sequence[Any]) -> None:
 
 
 def _register_manifests(con: Any, info: Any) -> None:
-    from reconstruct.loader import Trace
+    from kvclaims.reconstruct.loader import Trace
 
     import pyarrow as pa
 

@@ -4,7 +4,7 @@ The command line is a thin facade over the product's parts.
 
 Each part registers its own subcommands, so this file only wires them together:
 ``kvclaims.recording`` (record, sweep: they compose recorder and reconstructor),
-``reconstruct.io_commands`` (import, export, query) and ``reconstruct.commands``
+``kvclaims.io_commands`` (import, export, query) and ``kvclaims.reconstruct_commands``
 (reconstruct, conformance).
 
 Exit status (docs/guarantees.md): 0 ok; 1 a check failed (e.g. conformance); 2 bad input,
@@ -25,10 +25,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Final
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
-_PARTS = ("kvclaims.recording", "reconstruct.io_commands", "reconstruct.commands",
-          "kvclaims.listening", "dashboard.commands")
+_PARTS = ("kvclaims.recording", "kvclaims.io_commands", "kvclaims.reconstruct_commands",
+          "kvclaims.listening", "kvclaims.dashboard.commands")
 
 EXIT_OK: Final[int] = 0
 EXIT_CHECK_FAILED: Final[int] = 1
@@ -39,7 +39,7 @@ EXIT_INTERRUPTED: Final[int] = 130
 EXIT_BROKEN_PIPE: Final[int] = 141
 
 # A Python exception DuckDB wrapped while scanning one of our readers: its last line names the
-# exception type and message (e.g. "reconstruct.loader.TraceError: x.arrows: ...").
+# exception type and message (e.g. "kvclaims.reconstruct.loader.TraceError: x.arrows: ...").
 _WRAPPED: Final = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w+(?:Error|Exception)): (.+)$", re.M)
 _INPUT_ERRORS: Final[frozenset[str]] = frozenset({"TraceError", "InputError", "SchemaError"})
 
@@ -63,7 +63,7 @@ def version() -> str:
     try:
         return dist_version("kvclaims")
     except PackageNotFoundError:
-        from recorder.schema import RECORDER_VERSION
+        from kvclaims.recorder.schema import RECORDER_VERSION
 
         return RECORDER_VERSION
 
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Never raises (except ``SystemExit`` from ``--help`` and usage errors, status 2): every
     error is one line on stderr and an exit status (module docstring).
     """
-    from reconstruct import loader
+    from kvclaims.reconstruct import loader
 
     args = _parser().parse_args(argv)
     command = getattr(args, "command", "?")

@@ -39,7 +39,7 @@ def sql_text(view: str) -> str:
     """The SQL (with its documentation comments) that defines one view."""
     if view not in VIEWS:
         raise KeyError(f"unknown view {view!r}; choose one of {list(VIEWS)}")
-    return resources.files("queries").joinpath(f"{view}.sql").read_text(encoding="utf-8")
+    return resources.files("kvclaims.queries").joinpath(f"{view}.sql").read_text(encoding="utf-8")
 
 
 def description(view: str) -> str:

@@ -2,7 +2,7 @@
 
 Consumers open an audit with ``kvclaims.open(paths)`` (kvclaims/audit.py: streamed, bounded
 memory); ``reconstruct.reconstruct(events_table) -> Tables`` is the in-memory core that tests
-use. The rules are in docs/reconstruction.md. Imported lazily so that ``reconstruct.loader`` users do not pay for
+use. The rules are in docs/reconstruction.md. Imported lazily so that ``kvclaims.reconstruct.loader`` users do not pay for
 DuckDB.
 """
 
@@ -15,7 +15,7 @@ __all__ = ["reconstruct", "Tables", "TABLE_NAMES", "load_jsonl"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from reconstruct import core
+        from kvclaims.reconstruct import core
 
         return getattr(core, name)
     raise AttributeError(name)

@@ -38,10 +38,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
-from recorder.schema import PROTECTION_MODES, RESIDENCY_MODES
-from recorder.schema import InputError
-from reconstruct import labels
+from kvclaims.recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
+from kvclaims.recorder.schema import PROTECTION_MODES, RESIDENCY_MODES
+from kvclaims.recorder.schema import InputError
+from kvclaims.reconstruct import labels
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
@@ -55,7 +55,7 @@ STAGES: Final[tuple[str, ...]] = (
     "06_findings.sql", "07_conformance.sql")
 
 # Policy names written by the paper's prototype (imported traces keep them) that enforce claims.
-# NOTE: our own policies say it themselves (recorder.policies.POLICIES[...].enforce).
+# NOTE: our own policies say it themselves (kvclaims.recorder.policies.POLICIES[...].enforce).
 PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
     "hard_resident_exclude": "hard_protected",
     "live_scheduler_hard_exclude_pressure": "hard_protected",
@@ -66,7 +66,7 @@ PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
 
 def stage_sql(name: str) -> str:
     """The text of one stage's SQL file (shipped as package data)."""
-    return resources.files("reconstruct").joinpath("sql", name).read_text(encoding="utf-8")
+    return resources.files("kvclaims.reconstruct").joinpath("sql", name).read_text(encoding="utf-8")
 
 
 def split_statements(sql: str) -> list[str]:
@@ -239,10 +239,10 @@ def _modes_table() -> pa.Table:
     """Every protection mode with what an enforcing policy does with it (recorder/policies.py):
     the fallback of the ``lowering`` table when a manifest has no lowering section.
 
-    ``enforced_verdict`` comes from ``recorder.policies.ENFORCED_LOWERING`` where the recorder
+    ``enforced_verdict`` comes from ``kvclaims.recorder.policies.ENFORCED_LOWERING`` where the recorder
     defines it (NULL otherwise: the SQL then derives it, docs/conformance.md "Lowering").
     """
-    from recorder import policies
+    from kvclaims.recorder import policies
 
     enforced: dict[str, tuple[str, str]] = getattr(policies, "ENFORCED_LOWERING", {})
     rows = [{"mode": m,
@@ -350,7 +350,7 @@ def reconstruct(trace: Any, *, con: Any = None, memory_limit: str | None = None,
                 progress: Callable[[str], None] | None = None) -> Tables:
     """Reconstruct losses, labels, claim/request outcomes, feasibility and findings.
 
-    ``trace`` is a loader ``Trace`` (``reconstruct.loader.load_runs``) or a ``pa.Table`` of
+    ``trace`` is a loader ``Trace`` (``kvclaims.reconstruct.loader.load_runs``) or a ``pa.Table`` of
     events in the loader's schema (plain strings). Returns ``Tables`` bound to the DuckDB
     connection that holds them (``con`` if given).
     """
@@ -401,7 +401,7 @@ def _copy_prefix(sealed: Path, rows: int, writer: Any) -> None:
     damaged further on) into ``writer``."""
     import pyarrow.parquet as pq
 
-    from reconstruct import loader
+    from kvclaims.reconstruct import loader
 
     pf = pq.ParquetFile(str(sealed), page_checksum_verification=True)
     for batch in pf.iter_batches(batch_size=1 << 16):
@@ -426,7 +426,7 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
     """
     import pyarrow.parquet as pq
 
-    from reconstruct import loader
+    from kvclaims.reconstruct import loader
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -504,7 +504,7 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
     NOTE: no copy into DuckDB: its Parquet reader scans the files, in parallel, for each
     query (what ingesting every event into a table cost dominated the reconstruction).
     """
-    from reconstruct import loader
+    from kvclaims.reconstruct import loader
 
     out = Path(folder)
     paths = []
@@ -532,7 +532,7 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
 def _read_files(paths: Sequence[str]) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
-    from reconstruct import loader
+    from kvclaims.reconstruct import loader
 
     for p in paths:
         for batch in pq.ParquetFile(p).iter_batches(batch_size=1 << 16):
@@ -573,8 +573,8 @@ def load_jsonl(paths: Sequence[str | Path] | str | Path) -> pa.Table:
     Handy for fixtures and small imported traces; large traces go through ``kvclaims import``
     and ``kvclaims.open``.
     """
-    from reconstruct import loader
-    from reconstruct.jsonl import read_jsonl
+    from kvclaims.reconstruct import loader
+    from kvclaims.importers.jsonl import read_jsonl
 
     if isinstance(paths, (str, Path)):
         paths = [paths]

@@ -38,7 +38,7 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 # The tables every fleet dataset holds (a stage may add more, e.g. ``lowering``: those are
 # written too): the events themselves (sealed), the manifests, every reconstructed table.
@@ -87,7 +87,7 @@ def find_fleet_runs(patterns: Sequence[str | Path]) -> list[FleetRun]:
 
     Raises ``InputError`` for a pattern that matches nothing and for a run id seen twice.
     """
-    from reconstruct import loader
+    from kvclaims.reconstruct import loader
 
     runs: dict[str, FleetRun] = {}
     for pattern in patterns:
@@ -204,7 +204,7 @@ class FleetResult:
 def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark: Any = None,
                       master: str | None = None, memory_limit: str = "1GB") -> FleetResult:
     """Reconstruct every run the patterns name on Spark, one task per run, into ``out``."""
-    from reconstruct.core import validate_memory_limit
+    from kvclaims.reconstruct.core import validate_memory_limit
 
     memory_limit = validate_memory_limit(memory_limit)  # in the driver, before any task
     runs = find_fleet_runs(patterns)
@@ -240,7 +240,7 @@ def open_dataset_duckdb(out: str | Path, con: Any = None) -> Any:
     """A DuckDB connection with each table of a fleet dataset as a view, and the query views."""
     import duckdb
 
-    import queries
+    from kvclaims import queries
 
     con = con or duckdb.connect()
     for table in dataset_tables(out):
@@ -289,7 +289,7 @@ def spark_view_sql(view: str) -> str:
     import sqlglot
     from sqlglot import exp
 
-    import queries
+    from kvclaims import queries
 
     tree = sqlglot.parse_one(queries.sql_text(view), read="duckdb")
     if isinstance(tree, exp.Create):
@@ -304,7 +304,7 @@ def open_dataset_spark(spark: Any, out: str | Path) -> list[str]:
     """Register each table of a fleet dataset and every documented view on a Spark session."""
     from urllib.parse import unquote
 
-    import queries
+    from kvclaims import queries
     from pyspark.sql import functions as F
 
     for table in dataset_tables(out):

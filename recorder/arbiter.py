@@ -28,9 +28,9 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from recorder.claims import ClaimDeclaration, Rejection, parse_claim
-from recorder.policies import OFFLOAD_REJECTION, PINNING_MODES, Policy
-from recorder.schema import RESIDENCY_MODES
+from kvclaims.recorder.claims import ClaimDeclaration, Rejection, parse_claim
+from kvclaims.recorder.policies import OFFLOAD_REJECTION, PINNING_MODES, Policy
+from kvclaims.recorder.schema import RESIDENCY_MODES
 
 Emit = Callable[..., None]
 Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here

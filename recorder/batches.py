@@ -1,6 +1,6 @@
 """Arrow record batches in the trace schema, built column-wise from Python lists.
 
-What the recorder's writer thread (``recorder.buffer``) and the importers (JSON Lines, the
+What the recorder's writer thread (``kvclaims.recorder.buffer``) and the importers (JSON Lines, the
 paper prototype's traces) share: pure functions, no engine state. Block hashes given as
 ``bytes`` (vLLM's ``BlockHashWithGroupId`` / ``BlockHash``) become the schema's 64-bit integers
 (the digest's low 64 bits, like vLLM's own KV events), vectorised.
@@ -16,7 +16,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from recorder.schema import ARROW_SCHEMA, COLUMNS, ENVELOPE
+from kvclaims.recorder.schema import ARROW_SCHEMA, COLUMNS, ENVELOPE
 
 _FIELD_COLUMNS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
 

@@ -46,10 +46,10 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from recorder.batches import KINDS as _KINDS
-from recorder.batches import build_batch, value_problem
-from recorder.schema import EVENTS, RECORDER_VERSION, SCHEMA_VERSION, InputError
-from recorder.trace_writer import RunWriter
+from kvclaims.recorder.batches import KINDS as _KINDS
+from kvclaims.recorder.batches import build_batch, value_problem
+from kvclaims.recorder.schema import EVENTS, RECORDER_VERSION, SCHEMA_VERSION, InputError
+from kvclaims.recorder.trace_writer import RunWriter
 
 # Pending events as four parallel lists: seqs, ts_ns, event names, field dicts (the emit()
 # kwargs). NOTE: parallel lists, not a tuple per event: the kwargs dict of ints and strings is

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from recorder.schema import PROTECTION_MODES
+from kvclaims.recorder.schema import PROTECTION_MODES
 
 # Flat HTTP keys -> claim fields.
 _FLAT_KEYS: dict[str, str] = {

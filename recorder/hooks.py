@@ -24,7 +24,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recorder.scheduler import KVClaimsMixin
+    from kvclaims.recorder.scheduler import KVClaimsMixin
 
 _BLOCK_ID = attrgetter("block_id")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 BLOCK_SIZE = 32  # the CPU backend needs a multiple of 32
 VOCAB = 500  # token ids stay below the tiny model's vocabulary (512)
@@ -242,7 +242,7 @@ def engine_args(model_dir: Path, usable_blocks: int, kvclaims: dict[str, Any],
         block_size=block_size, num_gpu_blocks_override=usable_blocks + 1,  # + the null block
         max_model_len=usable_blocks * block_size, enforce_eager=True, dtype="float32",
         gpu_memory_utilization=float(os.environ.get("KVCLAIMS_GPU_MEMORY_UTILIZATION", 0.3)),
-        scheduler_cls="recorder.scheduler.KVClaimsScheduler",
+        scheduler_cls="kvclaims.recorder.scheduler.KVClaimsScheduler",
         additional_config={"kvclaims": kvclaims},
     )
 
@@ -254,8 +254,8 @@ def record(scenario: str | Scenario, usable_blocks: int | None, policy: str | No
     return the client's view. The engine runs in-process unless
     ``VLLM_ENABLE_V1_MULTIPROCESSING`` says otherwise.
     """
-    from recorder.policies import get_policy
-    from recorder.tiny_model import ensure_tiny_model
+    from kvclaims.recorder.policies import get_policy
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
 
     spec = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
     scenario = spec.name

@@ -2,9 +2,9 @@
 
 Attach it through vLLM's own extension point, with no patch to vLLM:
 
-- Python: ``LLM(..., scheduler_cls="recorder.scheduler.KVClaimsScheduler",
+- Python: ``LLM(..., scheduler_cls="kvclaims.recorder.scheduler.KVClaimsScheduler",
   additional_config={"kvclaims": {"out": "runs/r1", "policy": "hard_protected"}})``
-- server: ``--scheduler-cls recorder.scheduler.KVClaimsScheduler
+- server: ``--scheduler-cls kvclaims.recorder.scheduler.KVClaimsScheduler
   --additional-config '{"kvclaims": {"out": "runs/r1"}}'``
 
 ``KVClaimsScheduler`` builds whichever scheduler vLLM itself would have built: when vLLM's
@@ -43,13 +43,13 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import RequestStatus
 
-from recorder import hooks
-from recorder.arbiter import ClaimArbiter
-from recorder.buffer import EventBuffer
-from recorder.claims import declared_claim_id, raw_claim, release_ids
-from recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
-from recorder.schema import InputError
-from recorder.trace_writer import RunWriter
+from kvclaims.recorder import hooks
+from kvclaims.recorder.arbiter import ClaimArbiter
+from kvclaims.recorder.buffer import EventBuffer
+from kvclaims.recorder.claims import declared_claim_id, raw_claim, release_ids
+from kvclaims.recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
+from kvclaims.recorder.schema import InputError
+from kvclaims.recorder.trace_writer import RunWriter
 
 logger = logging.getLogger("kvclaims.recorder")
 
@@ -314,7 +314,7 @@ class KVClaimsMixin:
             self.kvc_arbiter.on_resident_many(hits, keys)
 
     def kvc_release_claim(self, claim_id: str, reason: str = "released by the operator") -> bool:
-        """The operator's release from Python (in-process engines; see ``recorder.api``);
+        """The operator's release from Python (in-process engines; see ``kvclaims.recorder.api``);
         recorded with ``released_by="operator"``."""
         return bool(self.kvc_safely(self.kvc_arbiter.release, claim_id, reason,
                                     fallback=False))

@@ -3,7 +3,7 @@
 A run directory holds ``manifest.json`` and ``events-000000.arrows``, ``events-000001.arrows``,
 … (see docs/trace-format.md). Each segment is an Arrow IPC *stream* (not the random-access file
 format) so that a crash leaves a readable prefix: every complete record batch before the cut can
-be recovered by ``reconstruct.loader``.
+be recovered by ``kvclaims.reconstruct.loader``.
 
 NOTE: invariants this module keeps
 - segments are numbered densely from 0 and never rewritten once rotated;
@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recorder.schema import (ARROW_SCHEMA, RECORDER_VERSION, SCHEMA_VERSION, InputError,
+from kvclaims.recorder.schema import (ARROW_SCHEMA, RECORDER_VERSION, SCHEMA_VERSION, InputError,
                              SchemaError)
 
 MANIFEST_NAME: Final[str] = "manifest.json"

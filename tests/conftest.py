@@ -20,13 +20,13 @@ def record_run(tmp_path_factory: pytest.TempPathFactory) -> Recorder:
     """``record_run(scenario, policy=None, usable=None)`` -> (run_dir, client view).
 
     Each (scenario, policy, usable) is recorded once per session on a fresh vLLM engine;
-    ``scenario`` is a built-in name or a ``recorder.scenarios.Scenario``.
+    ``scenario`` is a built-in name or a ``kvclaims.recorder.scenarios.Scenario``.
     """
     cache: dict[tuple[str, str | None, int | None], tuple[Path, dict[str, Any]]] = {}
 
     def record_once(scenario: Any, policy: str | None = None,
                     usable: int | None = None) -> tuple[Path, dict[str, Any]]:
-        from recorder.scenarios import record
+        from kvclaims.recorder.scenarios import record
 
         name = scenario if isinstance(scenario, str) else scenario.name
         key = (name, policy, usable)
@@ -40,7 +40,7 @@ def record_run(tmp_path_factory: pytest.TempPathFactory) -> Recorder:
 
 def query(run_dir: Path, sql: str) -> list[tuple]:
     """Run SQL over one run directory's ``events`` view."""
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.loader import load_runs
 
     return load_runs([run_dir]).connect().sql(sql).fetchall()
 

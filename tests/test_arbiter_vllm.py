@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from recorder.scenarios import Driver, Scenario, tokens
+from kvclaims.recorder.scenarios import Driver, Scenario, tokens
 from tests.conftest import client, query, request_id, scalar
 
 pytestmark = pytest.mark.vllm
@@ -188,7 +188,7 @@ def test_offloadable_claim_is_rejected_naming_the_missing_tier_and_still_served(
 
 
 def test_manifest_carries_a_lowering_verdict_per_mode(record_run):
-    from reconstruct.loader import read_manifest
+    from kvclaims.reconstruct.loader import read_manifest
 
     run, _ = record_run("multi_tenant")
     lowering = read_manifest(run)["lowering"]
@@ -200,7 +200,7 @@ def test_manifest_carries_a_lowering_verdict_per_mode(record_run):
 
 
 def test_native_manifest_records_every_mode_only_and_rejects_offloadable(record_run):
-    from reconstruct.loader import read_manifest
+    from kvclaims.reconstruct.loader import read_manifest
 
     run, _ = record_run("resident60_active70", "native")
     verdicts = {m: v["verdict"] for m, v in read_manifest(run)["lowering"].items()}
@@ -271,10 +271,10 @@ def test_release_claim_helper_works_through_llm(tmp_path: Path):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from recorder.api import claim_args, release_claim
-    from recorder.scenarios import engine_args
-    from recorder.tiny_model import ensure_tiny_model
-    from reconstruct.loader import load_runs
+    from kvclaims.recorder.api import claim_args, release_claim
+    from kvclaims.recorder.scenarios import engine_args
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.reconstruct.loader import load_runs
 
     cfg = {"out": str(tmp_path / "run"), "policy": "hard_protected", "run_id": "api"}
     llm = LLM(**engine_args(ensure_tiny_model(), 16, cfg))

@@ -12,6 +12,7 @@ the model-runner output is made by hand, as vLLM's own scheduler tests do.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections import Counter, deque
 from collections.abc import Callable
@@ -48,6 +49,10 @@ def vllm_helpers() -> Any:
         sys.path.remove(str(root))
         for k in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
             del sys.modules[k]
+            # NOTE: inspect caches each module name's file; left pointing at vLLM's files, a
+            # later inspect.stack() (Streamlit calls it) re-reads our file-less namespace
+            # package `tests`, which torch's patched inspect.getfile rejects with a TypeError
+            inspect._filesbymodname.pop(k, None)  # type: ignore[attr-defined]
         sys.modules.update(ours)
 
     utils.MODEL_DIR = str(root / "facebook" / "opt-125m")
@@ -55,7 +60,7 @@ def vllm_helpers() -> Any:
 
 
 def _classes() -> dict[str, type]:
-    from recorder.scheduler import KVClaimsAsyncScheduler, KVClaimsScheduler
+    from kvclaims.recorder.scheduler import KVClaimsAsyncScheduler, KVClaimsScheduler
 
     return {"sync": KVClaimsScheduler, "async": KVClaimsAsyncScheduler}
 
@@ -134,7 +139,7 @@ def workload(scheduler: Any, run: Callable[[Any], None]) -> None:
 def record(helpers: Any, kind: str, policy: str, tmp: Path,
            monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Run the workload on the recorder over ``kind`` ("sync" / "async"); its events."""
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.loader import load_runs
 
     out = tmp / f"{kind}-{policy}"
     monkeypatch.setenv("KVCLAIMS_OUT", str(out))

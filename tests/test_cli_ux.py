@@ -124,7 +124,7 @@ def test_dashboard_serves_on_loopback_and_answers_its_health_endpoint(tmp_path: 
 
 
 def test_dashboard_exposes_itself_only_when_asked_and_hides_tracebacks() -> None:
-    from dashboard.commands import streamlit_command
+    from kvclaims.dashboard.commands import streamlit_command
 
     local = streamlit_command(["runs"], 8501, "127.0.0.1")
     exposed = streamlit_command(["runs"], 8501, "0.0.0.0")

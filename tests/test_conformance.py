@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from kvclaims.cli import main
-from reconstruct import core, loader, shapes
-from reconstruct.jsonl import events_to_table
+from kvclaims.reconstruct import core, loader
+from kvclaims.generators import shapes
+from kvclaims.importers.jsonl import events_to_table
 
 Events = list[dict]
 FIX = Path(__file__).parent / "fixtures"

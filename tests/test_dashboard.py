@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dashboard import data
-from recorder.schema import InputError
+from kvclaims.dashboard import data
+from kvclaims.recorder.schema import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "dashboard" / "app.py"
@@ -215,7 +215,7 @@ def test_claim_timeline_of_a_demoted_claim_shows_relaxation_after_demotion(
 def reused(tmp_path_factory: pytest.TempPathFactory) -> data.Audit:
     """tests/fixtures/reuse_demoted.jsonl: claim:a demoted, then submitted again (a second
     instance), whose block is then evicted."""
-    from reconstruct.jsonl import import_jsonl
+    from kvclaims.importers.jsonl import import_jsonl
 
     (run,) = import_jsonl(REPO / "tests" / "fixtures" / "reuse_demoted.jsonl",
                           tmp_path_factory.mktemp("reuse") / "run")
@@ -300,7 +300,7 @@ def test_conformance_of_shipped_runs_passes_or_is_not_exercised(audit: data.Audi
 
 def test_a_trace_with_a_recorder_gap_shows_a_hole_finding_and_unknown_verdicts(
         tmp_path: Path) -> None:
-    from reconstruct.jsonl import import_jsonl
+    from kvclaims.importers.jsonl import import_jsonl
 
     run = import_jsonl(REPO / "tests" / "fixtures" / "gap.jsonl", tmp_path / "gap")
     gap = data.load_audit(run)
@@ -329,7 +329,7 @@ def test_the_dashboard_never_imports_the_scheduler_or_vllm() -> None:
     code = ("import sys; from dashboard import data, charts; "
             f"data.load_audit([{str(LIVE)!r}]); "
             "bad = [m for m in sys.modules if m == 'vllm' or m.startswith(('vllm.', "
-            "'recorder.scheduler', 'torch'))]; print(bad); sys.exit(1 if bad else 0)")
+            "'kvclaims.recorder.scheduler', 'torch'))]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -496,7 +496,7 @@ def test_conformance_evidence_seqs_are_sorted(audit: data.Audit) -> None:
 # -- the HTML report -----------------------------------------------------------------------------
 
 def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) -> None:
-    from dashboard.report import build_report
+    from kvclaims.dashboard.report import build_report
 
     page = build_report(data.load_audit([SWEEP / NATIVE_80, MULTI]))
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -512,7 +512,7 @@ def _evil_run(tmp_path: Path, url: str) -> Path:
     request id are markdown/HTML that would fetch ``url`` if rendered."""
     import json
 
-    from reconstruct.jsonl import import_jsonl
+    from kvclaims.importers.jsonl import import_jsonl
 
     names = {"tenant": ("tenant-a", f"![x]({url}/md.png)"),
              "claim_id": ("claim:a", f'<img src="{url}/html.png">'),
@@ -531,7 +531,7 @@ def _evil_run(tmp_path: Path, url: str) -> Path:
 
 
 def test_report_escapes_trace_strings(tmp_path: Path) -> None:
-    from dashboard.report import build_report
+    from kvclaims.dashboard.report import build_report
 
     page = build_report([_evil_run(tmp_path, "http://127.0.0.1:9")])
     assert "<img src=\"http://127.0.0.1:9" not in page and "<b>bold</b>" not in page
@@ -814,7 +814,7 @@ def _wait_text(driver, text: str, log: Path) -> str:
 def test_browser_opens_every_page_and_the_report_at_1400px(chromium, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
-    from dashboard.report import write_report
+    from kvclaims.dashboard.report import write_report
 
     log = tmp_path / "dashboard.log"
     summary = data.summary_text(data.load_audit([SWEEP, MULTI])).split(" (")[0]
@@ -919,7 +919,7 @@ def test_a_run_without_a_clock_anchor_is_seq_only(reused: data.Audit) -> None:
 
 
 def test_timeline_lanes_keep_the_claims_and_requests_that_matter(audit: data.Audit) -> None:
-    from dashboard import report
+    from kvclaims.dashboard import report
 
     claims = report.important_claims(audit, MULTI_RUN, limit=2)
     # the worst label first (expiry before relaxation), then the most blocks lost

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 import kvclaims
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About 400 k synthetic events: claims harmed and released, resets."""
-    from reconstruct import synthetic
+    from kvclaims.generators import synthetic
 
     out = tmp_path_factory.mktemp("facade") / "run"
     synthetic.write_trace(out, 400_000, 8, 2048, reset_every=997, run_id="facade-scale",
@@ -122,7 +122,7 @@ def _with_clock(src: Path, dst: Path) -> Path:
     manifest = json.loads((run / "manifest.json").read_text())
     import pyarrow as pa
 
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.loader import load_runs
 
     first_ts = pa.compute.min(load_runs([run]).events.column("ts_ns")).as_py()
     # the recorder's anchor (docs/trace-format.md): utc and utc_ns read with monotonic_ns

@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from recorder.trace_writer import RunWriter  # noqa: E402
-from reconstruct import fleet  # noqa: E402
+from kvclaims.recorder.trace_writer import RunWriter  # noqa: E402
+from kvclaims.reconstruct import fleet  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
-from reconstruct.jsonl import import_jsonl  # noqa: E402
-from reconstruct.loader import load_runs  # noqa: E402
+from kvclaims.importers.jsonl import import_jsonl  # noqa: E402
+from kvclaims.reconstruct.loader import load_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"
@@ -46,7 +46,7 @@ def _split_into_segments(src: Path, dst: Path, rows_per_segment: int = 40) -> Pa
 
 
 def _to_writer_schema(batch: pa.RecordBatch) -> pa.RecordBatch:
-    from recorder.schema import ARROW_SCHEMA
+    from kvclaims.recorder.schema import ARROW_SCHEMA
 
     cols = []
     for field in ARROW_SCHEMA:
@@ -164,7 +164,7 @@ def test_view_transpiles_duckdb_only_constructs() -> None:
 
 
 def test_fleet_refuses_a_non_empty_output(tmp_path: Path, fleet_dirs: list[Path]) -> None:
-    from recorder.schema import InputError
+    from kvclaims.recorder.schema import InputError
 
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(InputError, match="not empty"):
@@ -172,7 +172,7 @@ def test_fleet_refuses_a_non_empty_output(tmp_path: Path, fleet_dirs: list[Path]
 
 
 def test_fleet_refuses_a_pattern_matching_nothing(tmp_path: Path) -> None:
-    from recorder.schema import InputError
+    from kvclaims.recorder.schema import InputError
 
     with pytest.raises(InputError):
         fleet.find_fleet_runs([str(tmp_path / "nothing-*")])

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from recorder.scenarios import tokens
-from recorder.tiny_model import ensure_tiny_model
+from kvclaims.recorder.scenarios import tokens
+from kvclaims.recorder.tiny_model import ensure_tiny_model
 from tests.conftest import query, scalar
 
 pytestmark = pytest.mark.vllm
@@ -42,7 +42,7 @@ def served_run(tmp_path_factory: pytest.TempPathFactory):
            "--num-gpu-blocks-override", "81", "--max-model-len", "2560", "--dtype", "float32",
            "--enforce-eager", "--gpu-memory-utilization", "0.3", "--enable-prompt-tokens-details",
            "--host", "127.0.0.1", "--port", str(port),
-           "--scheduler-cls", "recorder.scheduler.KVClaimsScheduler",
+           "--scheduler-cls", "kvclaims.recorder.scheduler.KVClaimsScheduler",
            "--additional-config", json.dumps({"kvclaims": {
                "out": str(run_dir), "policy": "native", "run_id": "http"}})]
     log = open(run_dir.parent / "server.log", "w")

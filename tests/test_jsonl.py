@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from recorder.schema import ARROW_SCHEMA, COLUMNS, InputError, SchemaError
-from reconstruct.jsonl import (event_to_json, export_jsonl, import_jsonl, read_jsonl,
+from kvclaims.recorder.schema import ARROW_SCHEMA, COLUMNS, InputError, SchemaError
+from kvclaims.importers.jsonl import (event_to_json, export_jsonl, import_jsonl, read_jsonl,
                                validate_events)
-from reconstruct.loader import load_runs
+from kvclaims.reconstruct.loader import load_runs
 
 # Canonical form: keys in schema column order, nulls omitted, json.dumps default separators.
 CANONICAL = [

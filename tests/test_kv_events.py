@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvclaims.cli import main
-from recorder import kv_events as kv
-from reconstruct.declared_claims import HashScheme, load_claims
+from kvclaims.recorder import kv_events as kv
+from kvclaims.importers.declared_claims import HashScheme, load_claims
 from tests.conftest import query, scalar
 
 vkv = pytest.importorskip("vllm.distributed.kv_events")

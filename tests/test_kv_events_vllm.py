@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvclaims.cli import main
-from recorder.scenarios import tokens
-from recorder.tiny_model import ensure_tiny_model
+from kvclaims.recorder.scenarios import tokens
+from kvclaims.recorder.tiny_model import ensure_tiny_model
 from tests.conftest import query, scalar
 from tests.test_http_server import _complete, _free_port, _wait_healthy
 
@@ -54,7 +54,7 @@ def both_runs(tmp_path_factory: pytest.TempPathFactory):
            "--num-gpu-blocks-override", "81", "--max-model-len", "2560", "--dtype", "float32",
            "--enforce-eager", "--gpu-memory-utilization", "0.3", "--enable-prompt-tokens-details",
            "--host", "127.0.0.1", "--port", str(port),
-           "--scheduler-cls", "recorder.scheduler.KVClaimsScheduler",
+           "--scheduler-cls", "kvclaims.recorder.scheduler.KVClaimsScheduler",
            "--additional-config", json.dumps({"kvclaims": {
                "out": str(engine_run), "policy": "native", "run_id": "in-engine"}}),
            "--kv-events-config", json.dumps({

@@ -1,6 +1,6 @@
 """One behaviour per labelling rule, each with its negative twin (docs/reconstruction.md,
 "Labels"): claim instances, step-level predicates, mode promises, hook failures and the
-rebuilt feasibility. Fixtures: reconstruct/shapes.py -> tests/fixtures/*.jsonl."""
+rebuilt feasibility. Fixtures: kvclaims/generators/shapes.py -> tests/fixtures/*.jsonl."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconstruct import core, loader
+from kvclaims.reconstruct import core, loader
 
 FIX = Path(__file__).parent / "fixtures"
 

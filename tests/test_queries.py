@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import kvclaims
-import queries
+from kvclaims import queries
 
 FIX = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"

@@ -11,9 +11,9 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconstruct import core, loader
-from reconstruct.jsonl import events_to_table
-from recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
+from kvclaims.reconstruct import core, loader
+from kvclaims.importers.jsonl import events_to_table
+from kvclaims.recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
 
 CLAIMS = ("c1", "c2")
 HASHES = (11, 12, 13)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvclaims.audit import open_audit
-from reconstruct import core, labels, loader, synthetic
+from kvclaims.reconstruct import core, labels, loader
+from kvclaims.generators import synthetic
 
 MEMORY_LIMIT = "64MB"
 

@@ -20,7 +20,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-from recorder import hooks, scheduler  # noqa: E402
+from kvclaims.recorder import hooks, scheduler  # noqa: E402
 
 # The vLLM methods the recorder overrides on purpose (everything else it adds is kvc_*).
 OVERRIDES = {

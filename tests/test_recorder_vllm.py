@@ -64,7 +64,7 @@ def test_seq_is_strictly_increasing_and_ts_monotonic(record_run):
 
 
 def test_manifest_counts_the_null_block_out(record_run):
-    from reconstruct.loader import read_manifest
+    from kvclaims.reconstruct.loader import read_manifest
 
     run, _ = record_run("resident60_active70", "native")
     manifest = read_manifest(run)
@@ -136,8 +136,8 @@ def test_hard_protected_claim_gets_no_runtime_harm_report(record_run):
 def test_unwritable_run_directory_does_not_stop_serving(tmp_path: Path):
     from vllm import EngineArgs, LLMEngine
 
-    from recorder.scenarios import Driver, engine_args
-    from recorder.tiny_model import ensure_tiny_model
+    from kvclaims.recorder.scenarios import Driver, engine_args
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
 
     blocker = tmp_path / "file"
     blocker.write_text("a run directory cannot be created below a regular file")
@@ -189,7 +189,7 @@ class ExplodingArbiterScheduler:
     block-content and admission call (built lazily so importing this module needs no vLLM)."""
 
     def __new__(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
-        from recorder.scheduler import KVClaimsScheduler
+        from kvclaims.recorder.scheduler import KVClaimsScheduler
 
         def boom(*_a, **_k):
             raise RuntimeError("injected arbiter failure")
@@ -203,8 +203,8 @@ class ExplodingArbiterScheduler:
 def _faulty_run(out: Path, scheduler_cls: str) -> tuple[dict, int]:
     from vllm import EngineArgs, LLMEngine
 
-    from recorder.scenarios import Driver, engine_args, tokens
-    from recorder.tiny_model import ensure_tiny_model
+    from kvclaims.recorder.scenarios import Driver, engine_args, tokens
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
 
     cfg = {"out": str(out), "policy": "hard_protected", "run_id": "faulty"}
     args = engine_args(ensure_tiny_model(), 16, cfg)
@@ -222,7 +222,7 @@ def _faulty_run(out: Path, scheduler_cls: str) -> tuple[dict, int]:
 
 
 def test_arbiter_failures_never_reach_the_engine_and_leave_hook_failed(tmp_path: Path):
-    from reconstruct.loader import read_manifest
+    from kvclaims.reconstruct.loader import read_manifest
 
     outcomes, failures = _faulty_run(tmp_path / "run",
                                      "tests.test_recorder_vllm.ExplodingArbiterScheduler")
@@ -236,9 +236,9 @@ def test_arbiter_failures_never_reach_the_engine_and_leave_hook_failed(tmp_path:
 
 
 def test_a_healthy_run_records_no_hook_failure(tmp_path: Path):
-    from reconstruct.loader import read_manifest
+    from kvclaims.reconstruct.loader import read_manifest
 
-    outcomes, failures = _faulty_run(tmp_path / "run", "recorder.scheduler.KVClaimsScheduler")
+    outcomes, failures = _faulty_run(tmp_path / "run", "kvclaims.recorder.scheduler.KVClaimsScheduler")
     # b is refused (4 protected + 14 > 16): the arbiter worked, and nothing failed
     assert (outcomes["a"].finish_reason, outcomes["b"].finish_reason) == ("length", "error")
     assert failures == 0

@@ -58,8 +58,8 @@ def test_shipped_sweep_json_equals_a_fresh_reconstruction(rows) -> None:
 
 
 def _reconstruct(run: Path):
-    from reconstruct.core import reconstruct
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.core import reconstruct
+    from kvclaims.reconstruct.loader import load_runs
 
     return reconstruct(load_runs([run])).con
 

@@ -93,7 +93,7 @@ def test_a_valid_memory_limit_is_applied(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_query_list_prints_every_view_with_its_description(
         capsys: pytest.CaptureFixture[str]) -> None:
-    import queries
+    from kvclaims import queries
 
     rc, out, _ = _run(capsys, "query", "--list")
     assert rc == 0

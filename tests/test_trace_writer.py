@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from recorder.batches import build_batch
-from recorder.schema import ARROW_SCHEMA, SCHEMA_VERSION, InputError, SchemaError
-from recorder.trace_writer import RunWriter, segment_name
+from kvclaims.recorder.batches import build_batch
+from kvclaims.recorder.schema import ARROW_SCHEMA, SCHEMA_VERSION, InputError, SchemaError
+from kvclaims.recorder.trace_writer import RunWriter, segment_name
 
 
 def _batch(first_seq: int, n: int, request_id: str = "req-0") -> pa.RecordBatch:
@@ -219,7 +219,7 @@ def test_uncompressed_segments_are_also_readable(tmp_path: Path) -> None:
 # -- batch checksums ----------------------------------------------------------------------------
 
 def test_every_record_batch_carries_a_checksum_of_its_group(tmp_path: Path) -> None:
-    from reconstruct.loader import group_checksum, scan_stream
+    from kvclaims.reconstruct.loader import group_checksum, scan_stream
 
     w = RunWriter(tmp_path / "run", {"run_id": "r1"})
     for i in range(3):
@@ -232,7 +232,7 @@ def test_every_record_batch_carries_a_checksum_of_its_group(tmp_path: Path) -> N
 
 
 def test_a_changed_byte_changes_the_group_checksum(tmp_path: Path) -> None:
-    from reconstruct.loader import group_checksum, scan_stream
+    from kvclaims.reconstruct.loader import group_checksum, scan_stream
 
     w = RunWriter(tmp_path / "run", {"run_id": "r1"})
     w.write_batch(_batch(0, 4))
@@ -246,7 +246,7 @@ def test_a_changed_byte_changes_the_group_checksum(tmp_path: Path) -> None:
 
 def test_each_group_decodes_on_its_own(tmp_path: Path) -> None:
     """Every batch re-sends its dictionaries: a reader can skip a damaged one."""
-    from reconstruct.loader import scan_stream
+    from kvclaims.reconstruct.loader import scan_stream
 
     w = RunWriter(tmp_path / "run", {"run_id": "r1"})
     w.write_batch(_batch(0, 2, request_id="alpha"))
@@ -276,7 +276,7 @@ def _hash_batch(values: list[int | None]) -> pa.RecordBatch:
 def test_siphash_matches_the_reference_test_vector() -> None:
     import numpy as np
 
-    from recorder.trace_writer import siphash64
+    from kvclaims.recorder.trace_writer import siphash64
 
     # SipHash-2-4 reference vectors: key 00..0f, message 00..07 -> 62 24 93 9a 79 f5 f5 93
     msg = int.from_bytes(bytes(range(8)), "little")
@@ -392,7 +392,7 @@ class _PromptLog:
 def _token_windows_found(run_dir: Path, prompts: list[list[int]], width: int = 8) -> list[str]:
     """Where any ``width`` consecutive prompt token ids appear in a trace: as consecutive values
     of an integer column, or as int32/int64 bytes anywhere in its uncompressed buffers."""
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.loader import load_runs
 
     events = load_runs([run_dir]).events
     sink = pa.BufferOutputStream()
@@ -417,7 +417,7 @@ def _token_windows_found(run_dir: Path, prompts: list[list[int]], width: int = 8
 
 
 def test_a_recorded_trace_holds_none_of_its_prompts_token_ids() -> None:
-    from recorder.scenarios import multi_tenant
+    from kvclaims.recorder.scenarios import multi_tenant
 
     log = _PromptLog()
     multi_tenant(log, "hard_protected")  # type: ignore[arg-type]
@@ -438,7 +438,7 @@ def test_the_token_scan_finds_token_ids_that_were_written(tmp_path: Path) -> Non
 # -- sealing --------------------------------------------------------------------------------------
 
 def test_a_clean_close_seals_the_run_into_parquet(tmp_path: Path) -> None:
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.loader import load_runs
 
     w = RunWriter(tmp_path / "run", {"run_id": "r1"}, rotate_bytes=1)
     for i in range(3):
@@ -461,7 +461,7 @@ def test_a_run_that_did_not_close_is_not_sealed(tmp_path: Path) -> None:
 
 
 def test_a_damaged_sealed_file_falls_back_to_the_segments(tmp_path: Path) -> None:
-    from reconstruct.loader import load_runs
+    from kvclaims.reconstruct.loader import load_runs
 
     w = RunWriter(tmp_path / "run", {"run_id": "r1"}, rotate_bytes=1)
     for i in range(3):

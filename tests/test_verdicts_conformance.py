@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 from kvclaims.audit import open_audit
-from reconstruct import core, shapes
+from kvclaims.reconstruct import core
+from kvclaims.generators import shapes
 from tests import verdict_shapes as vs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"

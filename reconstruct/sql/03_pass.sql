@@ -15,4 +15,4 @@
 -- kv_admission_state (admission decision or preemption): run_id, seq, request_id,
 --   protected_blocks, protected_claim_seqs, cached_blocks, evictable_blocks, held_blocks
 --
--- NOTE: this file holds no statement; core.run_stages calls reconstruct.labels.build here.
+-- NOTE: this file holds no statement; core.run_stages calls kvclaims.reconstruct.labels.build here.

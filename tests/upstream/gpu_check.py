@@ -7,7 +7,7 @@ network if ``KVCLAIMS_CACHE`` holds ``vllm-sdist/vllm-0.32.0`` (made here by
 
 Checks, each printed PASS/FAIL with its figures; exit 1 if any fails:
 
-1. ``--scheduler-cls recorder.scheduler.KVClaimsScheduler`` with nothing else set: vLLM resolves
+1. ``--scheduler-cls kvclaims.recorder.scheduler.KVClaimsScheduler`` with nothing else set: vLLM resolves
    async scheduling on, and the engine's scheduler is the recorder over ``AsyncScheduler``;
 2. the same multi-turn workload on vLLM's own ``AsyncScheduler`` and on the recorder (``native``)
    gives every request the same ``num_cached_tokens``, finish reason and output length;
@@ -46,9 +46,9 @@ def check_async_kept(tmp: Path) -> None:
     from vllm import EngineArgs, LLMEngine
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from recorder.scenarios import engine_args
-    from recorder.scheduler import KVClaimsAsyncScheduler
-    from recorder.tiny_model import ensure_tiny_model
+    from kvclaims.recorder.scenarios import engine_args
+    from kvclaims.recorder.scheduler import KVClaimsAsyncScheduler
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
 
     args = engine_args(ensure_tiny_model(), 120, {"out": str(tmp / "async-kept")})
     engine = LLMEngine.from_engine_args(EngineArgs(**args))

@@ -77,7 +77,7 @@ def _classes() -> dict[type, type]:
 
         return {Scheduler: ShadowingScheduler}
     os.environ["KVCLAIMS_POLICY"] = SIDE
-    import recorder.scheduler as rs
+    import kvclaims.recorder.scheduler as rs
 
     swap = {Scheduler: _recording(rs.KVClaimsScheduler)}
     async_cls = getattr(rs, "KVClaimsAsyncScheduler", None)
@@ -157,7 +157,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not REPORT:
         return
-    rs = sys.modules.get("recorder.scheduler")
+    rs = sys.modules.get("kvclaims.recorder.scheduler")
     Path(REPORT).write_text(json.dumps({
         "side": SIDE,
         "swapped": sorted(f"{k.__name__} -> {v.__mro__[1].__module__}.{v.__mro__[1].__name__}"

@@ -4,7 +4,7 @@ One JSON object per line, with the same field names as the Arrow columns (docs/d
 export, keys follow the schema's column order and null fields are omitted; that is the
 *canonical* form, and canonical input survives JSONL -> run dir -> JSONL byte for byte.
 
-Every line is validated with ``recorder.schema.check_event``; errors name ``FILE:LINE`` and the
+Every line is validated with ``kvclaims.recorder.schema.check_event``; errors name ``FILE:LINE`` and the
 field. ``seq`` must be strictly increasing per ``run_id``.
 """
 
@@ -22,11 +22,11 @@ from typing import IO, Any, Final
 
 import pyarrow as pa
 
-from recorder.batches import build_batch
-from recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
+from kvclaims.recorder.batches import build_batch
+from kvclaims.recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
                              SchemaError, check_event)
-from recorder.trace_writer import HASH_IMPORTED, RunWriter
-from reconstruct.loader import iter_batches, range_problem
+from kvclaims.recorder.trace_writer import HASH_IMPORTED, RunWriter
+from kvclaims.reconstruct.loader import iter_batches, range_problem
 
 _FIELDS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
 _BATCH_ROWS: Final[int] = 65536
@@ -80,7 +80,7 @@ def check_located(event: dict[str, Any], where: str) -> None:
         raise SchemaError(f"{where}: {msg}") from None
     for key, val in event.items():
         problem = range_problem(key, val)
-        if problem:  # NOTE: readers rely on these ranges (reconstruct.loader.VALUE_RANGES)
+        if problem:  # NOTE: readers rely on these ranges (kvclaims.reconstruct.loader.VALUE_RANGES)
             raise SchemaError(f"{where}: {problem}")
     if event["event"] == "run_started":
         version = event.get("schema_version")

@@ -25,7 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
-from recorder.schema import InputError
+from kvclaims.recorder.schema import InputError
 
 IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl", "vllm-kv-events")
 RESULT_FORMATS = ("table", "csv", "json", "parquet")
@@ -181,7 +181,7 @@ def open_audit(args: argparse.Namespace, paths: Sequence[str], command: str, **k
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``kvclaims import``: validate and write run directories."""
-    from reconstruct import jsonl
+    from kvclaims.importers import jsonl
 
     path = Path(args.file)
     if not path.is_file():
@@ -189,7 +189,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.source_format == "arbiter-jsonl":
         # NOTE: imported lazily: the converter is a separate part and optional here
         try:
-            from reconstruct.arbiter_import import convert_file
+            from kvclaims.importers.arbiter import convert_file
         except ImportError as exc:
             raise InputError(f"--from arbiter-jsonl is not available: {exc}") from None
         converted = convert_file(path)
@@ -202,7 +202,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         events = jsonl.validate_events(converted, path.name)
         dirs = jsonl.import_events(events, args.out, source=path.name, extra=extra)
     elif args.source_format == "vllm-kv-events":  # a `kvclaims listen --capture` file
-        from recorder.kv_events import import_capture
+        from kvclaims.recorder.kv_events import import_capture
 
         import_capture(path, args.out, warn=lambda m: _warn([f"{path}: {m}"]))
         dirs = [Path(args.out)]
@@ -221,7 +221,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise InputError("--format parquet needs --out FILE (Parquet is binary)")
         count = export_parquet(args.run_dir, args.out, truncations=truncations)
     else:
-        from reconstruct import jsonl
+        from kvclaims.importers import jsonl
 
         count = jsonl.export_jsonl(args.run_dir, args.out, truncations=truncations)
     _warn(truncations, "kvclaims export")
@@ -236,7 +236,7 @@ def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
     streaming; returns the number of events."""
     import pyarrow.parquet as pq
 
-    from reconstruct.loader import EVENTS_SCHEMA, iter_batches
+    from kvclaims.reconstruct.loader import EVENTS_SCHEMA, iter_batches
 
     count = 0
     try:
@@ -275,7 +275,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if len(args.args) < 2:
         raise InputError("usage: kvclaims query NAME RUN_DIR... (names: kvclaims query --list)")
     name, paths = args.args[0], args.args[1:]
-    import queries
+    from kvclaims import queries
 
     if name not in queries.VIEWS and name not in queries.TABLES:
         raise InputError(f"unknown table or view {name!r}; see 'kvclaims query --list'")
@@ -290,7 +290,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 def list_names(args: argparse.Namespace) -> int:
     """``kvclaims query --list``: every view (description from its SQL comment), then every
     table."""
-    import queries
+    from kvclaims import queries
 
     rows = [("view", v, queries.description(v)) for v in sorted(queries.VIEWS)]
     rows += [("table", t, d) for t, d in sorted(queries.TABLES.items())]

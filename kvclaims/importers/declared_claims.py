@@ -39,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from recorder.schema import PROTECTION_MODES, InputError, hash64
+from kvclaims.recorder.schema import PROTECTION_MODES, InputError, hash64
 
 HASH_ALGOS: Final[tuple[str, ...]] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # vLLM's NONE_HASH seed for the cryptographic algorithms when PYTHONHASHSEED is not set

@@ -3,8 +3,8 @@
 The paper's patched vLLM 0.19.1 ("kv-residency-vllm-arbiter") writes one JSON object per line
 with its own event names (``allocation_victim_selected``, ``resident_block_materialized``,
 ``resident_claim_*``, ``active_request_*``, ``future_reuse_*``). This module turns one such file
-into a list of events in OUR vocabulary (``recorder.schema.EVENTS``), each of which passes
-``recorder.schema.check_event``, plus an :class:`ImportSummary` that says what had no
+into a list of events in OUR vocabulary (``kvclaims.recorder.schema.EVENTS``), each of which passes
+``kvclaims.recorder.schema.check_event``, plus an :class:`ImportSummary` that says what had no
 counterpart and which oddities of the trace were kept as recorded.
 
 The mapping, and every judgment call behind it, is documented in ``docs/arbiter-import.md``.
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from reconstruct.loader import range_problem
-from recorder.schema import (
+from kvclaims.reconstruct.loader import range_problem
+from kvclaims.recorder.schema import (
     PROTECTION_MODES,
     RECORDER_VERSION,
     SCHEMA_VERSION,

@@ -1,0 +1,1 @@
+"""Synthetic trace generators: shapes for tests and benchmarks (docs/reconstruction.md)."""
