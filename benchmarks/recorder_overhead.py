@@ -244,24 +244,11 @@ def engine_table(shape: str, rounds: int, tmp: Path) -> list[str]:
 
 def _vllm_test_utils() -> Any:
     """vLLM's ``tests.v1.core.utils`` from its source distribution (as the upstream harness and
-    ``tests/test_async_scheduler.py`` fetch it), imported with this repository's ``tests`` set
-    aside."""
+    ``tests/test_async_scheduler.py`` fetch it)."""
     sys.path.insert(0, str(ROOT / "tests" / "upstream"))
     import vllm_upstream
 
-    root = vllm_upstream.vllm_tests()
-    ours = {k: sys.modules.pop(k) for k in list(sys.modules)
-            if k == "tests" or k.startswith("tests.")}
-    sys.path.insert(0, str(root))
-    try:
-        from tests.v1.core import utils
-    finally:
-        sys.path.remove(str(root))
-        for k in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
-            del sys.modules[k]
-        sys.modules.update(ours)
-    utils.MODEL_DIR = str(root / "facebook" / "opt-125m")
-    return utils
+    return vllm_upstream.vllm_test_utils()
 
 
 def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], dict[str, int]]:

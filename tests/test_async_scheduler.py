@@ -12,7 +12,6 @@ the model-runner output is made by hand, as vLLM's own scheduler tests do.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections import Counter, deque
 from collections.abc import Callable
@@ -35,28 +34,9 @@ IGNORED = ("run_id", "seq", "ts_ns", "step")
 def vllm_helpers() -> Any:
     """vLLM's ``tests.v1.core.utils`` from its source distribution (skip: registry offline)."""
     try:
-        root = vllm_upstream.vllm_tests()
+        return vllm_upstream.vllm_test_utils()
     except vllm_upstream.RegistryUnreachable as exc:
         pytest.skip(f"vLLM's source distribution is not cached and {exc}")
-    # NOTE: vLLM's tests are a package named `tests`, like this repository's: import them
-    # with ours set aside, then put ours back (vLLM's helper keeps what it imported)
-    ours = {k: sys.modules.pop(k) for k in list(sys.modules)
-            if k == "tests" or k.startswith("tests.")}
-    sys.path.insert(0, str(root))
-    try:
-        from tests.v1.core import utils  # vLLM's package, not this repository's tests/
-    finally:
-        sys.path.remove(str(root))
-        for k in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
-            del sys.modules[k]
-            # NOTE: inspect caches each module name's file; left pointing at vLLM's files, a
-            # later inspect.stack() (Streamlit calls it) re-reads our file-less namespace
-            # package `tests`, which torch's patched inspect.getfile rejects with a TypeError
-            inspect._filesbymodname.pop(k, None)  # type: ignore[attr-defined]
-        sys.modules.update(ours)
-
-    utils.MODEL_DIR = str(root / "facebook" / "opt-125m")
-    return utils
 
 
 def _classes() -> dict[str, type]:

@@ -151,6 +151,34 @@ def vllm_tests(version: str | None = None, cache: Path | None = None) -> Path:
     return root
 
 
+def vllm_test_utils() -> Any:
+    """vLLM's ``tests.v1.core.utils`` (``create_scheduler`` and friends) from its source
+    distribution, imported in this process.
+
+    NOTE: vLLM's tests are a package named ``tests``, like this repository's: they are imported
+    with ours set aside, then ours are put back (vLLM's helper keeps what it imported).
+    """
+    import inspect
+
+    root = vllm_tests()
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules)
+            if k == "tests" or k.startswith("tests.")}
+    sys.path.insert(0, str(root))
+    try:
+        from tests.v1.core import utils  # vLLM's package, not this repository's tests/
+    finally:
+        sys.path.remove(str(root))
+        for k in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
+            del sys.modules[k]
+            # NOTE: inspect caches each module name's file; left pointing at vLLM's files, a
+            # later inspect.stack() (Streamlit calls it) re-reads our file-less namespace
+            # package `tests`, which torch's patched inspect.getfile rejects with a TypeError
+            inspect._filesbymodname.pop(k, None)  # type: ignore[attr-defined]
+        sys.modules.update(ours)
+    utils.MODEL_DIR = str(root / "facebook" / "opt-125m")
+    return utils
+
+
 # -- running one side -------------------------------------------------------------------------
 
 @dataclass
