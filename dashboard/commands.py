@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -78,11 +77,17 @@ def _dashboard(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(APP.parent.parent), *filter(None, [env.get("PYTHONPATH")])])
+    command = streamlit_command(list(args.paths), args.port, args.host)
+    # NOTE: the server replaces this process (exec), it is not its child: a SIGTERM sent to
+    # `kvclaims dashboard` (a service manager, a test) then stops the server itself instead
+    # of leaving it running, orphaned
+    sys.stdout.flush()
+    sys.stderr.flush()
     try:
-        return subprocess.call(streamlit_command(list(args.paths), args.port, args.host),
-                               env=env)
-    except KeyboardInterrupt:
-        return 0
+        os.execve(command[0], command, env)
+    except OSError as exc:
+        raise InputError(f"cannot start the dashboard server: {exc.strerror or exc}") from None
+    return 0  # NOTE: not reached: execve returns only by raising
 
 
 def _report(args: argparse.Namespace) -> int:

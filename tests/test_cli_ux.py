@@ -121,6 +121,9 @@ def test_dashboard_serves_on_loopback_and_answers_its_health_endpoint(tmp_path: 
         proc.terminate()
         proc.wait(timeout=30)
     assert f"http://127.0.0.1:{port}/" in log.read_text()
+    # the server was the process we stopped (exec), not an orphaned child still serving
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
 
 
 def test_dashboard_exposes_itself_only_when_asked_and_hides_tracebacks() -> None:
