@@ -60,15 +60,18 @@ class _LegacyLoader(importlib.abc.Loader):
 
     def __init__(self, target: str) -> None:
         self.target = target
+        self.real_spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         warnings.warn(f"{spec.name} is deprecated: use {self.target}", DeprecationWarning,
                       stacklevel=2)
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        self.real_spec = module.__spec__
+        return module
 
     def exec_module(self, module: Any) -> None:
         # NOTE: the import system set the alias's spec on the real module: give it back
-        module.__spec__ = importlib.util.find_spec(self.target)
+        module.__spec__ = self.real_spec
 
 
 class _LegacyFinder(importlib.abc.MetaPathFinder):
