@@ -372,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.one:
+        if args.work:
+            Path(args.work).mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f"kvclaims-bench-{args.one}-", dir=args.work))
         try:
             res = run_one(args.one, args.events, args.memory_limit, args.python_events, work)

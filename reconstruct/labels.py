@@ -167,13 +167,16 @@ H_COPIES, H_EVC, H_SOFT, H_RESID, H_HEAD, H_LEN = range(6)
 # slot columns
 S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 # instance state columns
-I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_RESPOS = range(9)
+I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_PROTPOS = range(9)
 # counters
-(C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_RESN, C_NDIRTY,
- C_NSLOTS, C_RESVER) = range(11)
-# NOTE: C_RESVER changes whenever the list of in-force residency instances (``resl``) or whether
-# one of them has a resident bound block (I_OK > 0) may have changed: a step's snapshot of the
-# instances protecting blocks is recomputed only then (else it is the previous step's, equal).
+(C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_NPROT, C_NDIRTY,
+ C_NSLOTS, C_PROTVER) = range(11)
+# NOTE: ``prot[:C_NPROT]`` lists exactly the instances protecting blocks now: in force, of a
+# residency mode, with a resident bound block (I_OK > 0); ``IS[i, I_PROTPOS]`` is i's index in
+# it, -1 when absent. It is kept up to date where any of the three changes (``_protecting``), so
+# its length is bounded by what protects blocks, never by the claims ever in force (claims that
+# are never released made a rescan of every in-force instance O(steps x claims)). C_PROTVER
+# changes whenever the list does: a step's snapshot is retaken only then.
 # loss output columns
 (L_SEQ, L_ROW, L_BID, L_HASH, L_HASH_OK, L_RES, L_REP, L_REP_OK, L_HELD, L_HELD_OK, L_SYN,
  L_STEP, L_STEP_OK, L_LABEL, L_DSEQ, L_DINST, L_P0, L_P1, L_REPAIRED) = range(19)
@@ -238,8 +241,14 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
         live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
                    or HS[i, H_RESID] != 0 or HS[i, H_EVC] != 0)
     n_live = int(live.sum())
+    n_bound = 0
+    for i in range(n_old):
+        n_bound += HS[i, H_LEN]
+    # NOTE: a rebuild costs O(live hashes + blocks + bound slots); leaving at least as much
+    # room for new hashes keeps its cost amortized O(1) per hash, however long the run
+    room = max(n_live, BS.shape[0], n_bound) + 16
     cap = 1024
-    while cap < 4 * (n_live + 16):
+    while cap < 2 * (n_live + room):
         cap *= 2
     keys = np.zeros(cap, dtype=np.uint64)
     vals = np.full(cap, -1, dtype=np.int64)
@@ -256,9 +265,11 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
     for b in range(BS.shape[0]):
         if BS[b, B_HASH] >= 0:
             BS[b, B_HASH] = remap[BS[b, B_HASH]]
-    for sl in range(SL.shape[0]):
-        if SL[sl, S_HASH] >= 0:
-            SL[sl, S_HASH] = remap[SL[sl, S_HASH]]
+    for nv in range(used[0]):   # every bound slot is on its hash's list
+        sl = hs[nv, H_HEAD]
+        while sl >= 0:
+            SL[sl, S_HASH] = nv
+            sl = SL[sl, S_NEXT]
     hused[0] = used[0]
     return keys, vals, hs
 
@@ -286,9 +297,29 @@ def _set_pred(inst: int, seq: int, IS: np.ndarray, k: np.ndarray, R: np.ndarray,
 
 
 @numba.njit(cache=True)
+def _protecting(inst: int, IS: np.ndarray, mode: np.ndarray, prot: np.ndarray,
+                C: np.ndarray) -> None:
+    """Put ``inst`` in or take it out of ``prot`` after its force or ok count changed."""
+    want = IS[inst, I_INFORCE] == 1 and mode[inst] == MODE_RESIDENCY and IS[inst, I_OK] > 0
+    j = IS[inst, I_PROTPOS]
+    if want and j < 0:
+        IS[inst, I_PROTPOS] = C[C_NPROT]
+        prot[C[C_NPROT]] = inst
+        C[C_NPROT] += 1
+        C[C_PROTVER] += 1
+    elif not want and j >= 0:
+        last = prot[C[C_NPROT] - 1]
+        prot[j] = last
+        IS[last, I_PROTPOS] = j
+        IS[inst, I_PROTPOS] = -1
+        C[C_NPROT] -= 1
+        C[C_PROTVER] += 1
+
+
+@numba.njit(cache=True)
 def _residency(h: int, delta: int, seq: int, HS: np.ndarray, SL: np.ndarray, IS: np.ndarray,
-               k: np.ndarray, R: np.ndarray, nr: np.ndarray, dirty: np.ndarray,
-               C: np.ndarray) -> None:
+               k: np.ndarray, mode: np.ndarray, prot: np.ndarray, R: np.ndarray,
+               nr: np.ndarray, dirty: np.ndarray, C: np.ndarray) -> None:
     """Hash ``h`` became resident (+1) or not (-1): update the instances bound to it."""
     s = HS[h, H_HEAD]
     while s >= 0:
@@ -297,15 +328,15 @@ def _residency(h: int, delta: int, seq: int, HS: np.ndarray, SL: np.ndarray, IS:
             old = IS[inst, I_OK]
             IS[inst, I_OK] = old + delta
             if (old > 0) != (old + delta > 0):
-                C[C_RESVER] += 1
+                _protecting(inst, IS, mode, prot, C)
             _set_pred(inst, seq, IS, k, R, nr, dirty, C)
         s = SL[s, S_NEXT]
 
 
 @numba.njit(cache=True)
 def _copy(b: int, h: int, delta: int, seq: int, BS: np.ndarray, HS: np.ndarray,
-          SL: np.ndarray, IS: np.ndarray, k: np.ndarray, R: np.ndarray, nr: np.ndarray,
-          dirty: np.ndarray, C: np.ndarray) -> None:
+          SL: np.ndarray, IS: np.ndarray, k: np.ndarray, mode: np.ndarray, prot: np.ndarray,
+          R: np.ndarray, nr: np.ndarray, dirty: np.ndarray, C: np.ndarray) -> None:
     """Block ``b`` starts (+1) or stops (-1) holding a copy of hash ``h``."""
     if delta > 0:
         BS[b, B_HASH] = h
@@ -321,7 +352,7 @@ def _copy(b: int, h: int, delta: int, seq: int, BS: np.ndarray, HS: np.ndarray,
             C[C_LOW] += delta
     HS[h, H_COPIES] += delta
     if (delta > 0 and HS[h, H_COPIES] == 1) or (delta < 0 and HS[h, H_COPIES] == 0):
-        _residency(h, delta, seq, HS, SL, IS, k, R, nr, dirty, C)
+        _residency(h, delta, seq, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
 
 
 @numba.njit(cache=True)
@@ -366,23 +397,12 @@ def _protect(h: int, mode: int, delta: int, HS: np.ndarray, C: np.ndarray) -> No
 @numba.njit(cache=True)
 def _force(inst: int, delta: int, off: np.ndarray, nsl: np.ndarray, k: np.ndarray,
            mode: np.ndarray, SL: np.ndarray, HS: np.ndarray, IS: np.ndarray,
-           resl: np.ndarray, C: np.ndarray) -> None:
+           prot: np.ndarray, C: np.ndarray) -> None:
     """An instance comes into force (+1, accepted) or leaves it (-1, released)."""
     IS[inst, I_INFORCE] = 1 if delta > 0 else 0
     for p in range(min(nsl[inst], max(k[inst], 0))):
         _protect(SL[off[inst] + p, S_HASH], mode[inst], delta, HS, C)
-    if mode[inst] == MODE_RESIDENCY:
-        C[C_RESVER] += 1
-        if delta > 0:
-            IS[inst, I_RESPOS] = C[C_RESN]
-            resl[C[C_RESN]] = inst
-            C[C_RESN] += 1
-        else:
-            j = IS[inst, I_RESPOS]
-            last = resl[C[C_RESN] - 1]
-            resl[j] = last
-            IS[last, I_RESPOS] = j
-            C[C_RESN] -= 1
+    _protecting(inst, IS, mode, prot, C)
 
 
 @numba.njit(cache=True)
@@ -498,7 +518,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
           inst_of: np.ndarray, pos: np.ndarray,
           hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray,
           BS: np.ndarray, HS: np.ndarray, SL: np.ndarray, IS: np.ndarray, C: np.ndarray,
-          resl: np.ndarray, dirty: np.ndarray,
+          prot: np.ndarray, dirty: np.ndarray,
           k: np.ndarray, off: np.ndarray, nsl: np.ndarray, mode: np.ndarray,
           submitted: np.ndarray, acc: np.ndarray, rel: np.ndarray, relkind: np.ndarray,
           rank: np.ndarray, border: np.ndarray, unknown_from: int):
@@ -524,7 +544,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     S0 = np.zeros(4, dtype=np.int64)          # the pool at the start of the current step
     SI0 = np.empty(16, dtype=np.int64)        # claim instances protecting blocks then
     ns0 = 0
-    si_ver = -1                               # C_RESVER when SI0 was taken (-1: never)
+    si_ver = -1                               # C_PROTVER when SI0 was taken (-1: never)
     for i in range(n):
         e = ev[i]
         s = seq[i]
@@ -554,7 +574,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         W = _grow(W, nw, 1)
         M = _grow(M, nm, C[C_NDIRTY] + 1)
         A = _grow(A, na, 1)
-        AL = _grow1(AL, nal, max(C[C_RESN], ns0) + 1)
+        AL = _grow1(AL, nal, max(C[C_NPROT], ns0) + 1)
         if step_ok[i] and (i == 0 or (not step_ok[i - 1]) or step[i - 1] != step[i]):
             # NOTE: an admission decision is judged against the pool as its scheduler step
             # found it: vLLM allocates (and evicts) for a request before the decision is
@@ -563,15 +583,11 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
             S0[1] = C[C_CACHED]
             S0[2] = C[C_EVICTABLE]
             S0[3] = C[C_HELD]
-            if C[C_RESVER] != si_ver:   # NOTE: else SI0[:ns0] is still exact (C_RESVER)
-                si_ver = C[C_RESVER]
-                SI0 = _grow1(SI0, 0, C[C_RESN] + 1)
-                ns0 = 0
-                for j in range(C[C_RESN]):
-                    inst = resl[j]
-                    if IS[inst, I_OK] > 0:
-                        SI0[ns0] = inst
-                        ns0 += 1
+            if C[C_PROTVER] != si_ver:   # NOTE: else SI0[:ns0] is still exact (C_PROTVER)
+                si_ver = C[C_PROTVER]
+                ns0 = C[C_NPROT]
+                SI0 = _grow1(SI0, 0, ns0 + 1)
+                SI0[:ns0] = np.sort(prot[:ns0])   # instance order = claim_seq order
 
         if e == EV_CACHED or e == EV_HIT:
             b = bidx[i]
@@ -587,9 +603,9 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     W[nw, 2] = BS[b, B_LAST_SEQ]
                     W[nw, 3] = s
                     nw += 1
-                    _copy(b, cur, -1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+                    _copy(b, cur, -1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
                 if h >= 0 and cur != h:
-                    _copy(b, h, 1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+                    _copy(b, h, 1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
                 BS[b, B_LAST_KIND] = 1
                 BS[b, B_LAST_HASH] = np.int64(hbits[i])
                 BS[b, B_LAST_HASH_OK] = hok[i]
@@ -617,7 +633,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                       held_ok, False, step[i], step_ok[i])
             npair = _add_pairs(L, nl, h, P, npair, s, low, HS, SL, IS, rank, C)
             if cur >= 0:
-                _copy(b, cur, -1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+                _copy(b, cur, -1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
             for j in range(L[nl, L_P0], npair):
                 P[j, P_AFTER] = IS[P[j, P_INST], I_PRED]
             nl += 1
@@ -640,7 +656,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
             for b in range(nb):
                 cur = BS[b, B_HASH]
                 if cur >= 0:
-                    _copy(b, cur, -1, s, BS, HS, SL, IS, k, R, nr, dirty, C)
+                    _copy(b, cur, -1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
             for li in range(first, nl):
                 for j in range(L[li, L_P0], L[li, L_P1]):
                     P[j, P_AFTER] = IS[P[j, P_INST], I_PRED]
@@ -654,26 +670,25 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
             inst = inst_of[i]
             if inst >= 0:
                 if e == EV_ACCEPT and s == acc[inst] and not (rel[inst] >= 0 and rel[inst] < s):
-                    _force(inst, 1, off, nsl, k, mode, SL, HS, IS, resl, C)
+                    _force(inst, 1, off, nsl, k, mode, SL, HS, IS, prot, C)
                     if IS[inst, I_DIRTY] == 0:
                         IS[inst, I_DIRTY] = 1
                         dirty[C[C_NDIRTY]] = inst
                         C[C_NDIRTY] += 1
                 elif e == EV_RELEASE and s == rel[inst] and IS[inst, I_INFORCE] == 1:
                     before = C[C_PROTECTED]
-                    _force(inst, -1, off, nsl, k, mode, SL, HS, IS, resl, C)
+                    _force(inst, -1, off, nsl, k, mode, SL, HS, IS, prot, C)
                     if step_ok[i]:
                         # NOTE: a demotion, expiry or release inside the step comes before the
                         # decisions that follow it (the arbiter demotes to admit): the step's
                         # starting pool no longer protects that claim's blocks
                         S0[0] = max(0, S0[0] - (before - C[C_PROTECTED]))
-                        j = 0
-                        while j < ns0:
-                            if SI0[j] == inst:
-                                SI0[j] = SI0[ns0 - 1]
-                                ns0 -= 1
-                            else:
-                                j += 1
+                        w = 0
+                        for j in range(ns0):   # keeps claim_seq order
+                            if SI0[j] != inst:
+                                SI0[w] = SI0[j]
+                                w += 1
+                        ns0 = w
         elif e == EV_BOUND:
             inst = inst_of[i]
             p = pos[i]
@@ -697,7 +712,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     if counted and HS[old, H_COPIES] > 0:
                         IS[inst, I_OK] -= 1
                         if IS[inst, I_OK] == 0:
-                            C[C_RESVER] += 1
+                            _protecting(inst, IS, mode, prot, C)
                 SL[sl, S_HASH] = h
                 SL[sl, S_PREV] = -1
                 SL[sl, S_NEXT] = HS[h, H_HEAD]
@@ -710,7 +725,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                 if counted and HS[h, H_COPIES] > 0:
                     IS[inst, I_OK] += 1
                     if IS[inst, I_OK] == 1:
-                        C[C_RESVER] += 1
+                        _protecting(inst, IS, mode, prot, C)
                 _set_pred(inst, s, IS, k, R, nr, dirty, C)
         elif e == EV_HOOK:
             if C[C_HOOK] < 0:
@@ -732,11 +747,9 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                 A[na, A_CACHED] = C[C_CACHED]
                 A[na, A_EVICTABLE] = C[C_EVICTABLE]
                 A[na, A_HELD] = C[C_HELD]
-                for j in range(C[C_RESN]):
-                    inst = resl[j]
-                    if IS[inst, I_OK] > 0:
-                        AL[nal] = inst
-                        nal += 1
+                m = C[C_NPROT]
+                AL[nal:nal + m] = np.sort(prot[:m])
+                nal += m
             A[na, A_L1] = nal
             na += 1
 
@@ -920,10 +933,11 @@ class _Run:
         self.IS[:, I_BREAK] = -1
         self.IS[:, I_MAT] = -1
         self.IS[:, I_SEEN] = -1
+        self.IS[:, I_PROTPOS] = -1
         self.C = np.zeros(11, dtype=np.int64)
         self.C[C_HOOK] = -1
         self.C[C_NSLOTS] = nslots
-        self.resl = np.zeros(max(1, ni), dtype=np.int64)
+        self.prot = np.zeros(max(1, ni), dtype=np.int64)
         self.dirty = np.zeros(max(1, ni), dtype=np.int64)
         self.BS = np.zeros((0, 7), dtype=np.int64)
         self.block_map: dict[int, int] | None = None
@@ -1108,7 +1122,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     t0 = time.perf_counter()
     L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
-        run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.resl,
+        run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.prot,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
         run.relkind, run.rank, run.border(), run.unknown_from)
     TIMINGS["loop"] += time.perf_counter() - t0
