@@ -159,3 +159,28 @@ def test_admission_state_names_the_protecting_claim_instance() -> None:
     (sub,), = rows(t, "SELECT seq FROM events WHERE event = 'claim_submitted'")
     assert rows(t, "SELECT protected_claim_seqs FROM feasibility "
                    "WHERE request_id = 'active'") == [([sub],)]
+
+
+def _dense_feasibility(tmp_path: Path) -> core.Tables:
+    import kvclaims
+    from kvclaims.generators import synthetic
+    synthetic.write_trace(tmp_path / "dense", 40_000, run_id="dense", progress=False,
+                          shape=synthetic.SHAPES["dense"])
+    return kvclaims.open([tmp_path / "dense"], reuse=False)
+
+
+def test_admission_state_lists_protecting_instances_in_claim_seq_order(tmp_path: Path) -> None:
+    lists = [r[0] for r in rows(_dense_feasibility(tmp_path),
+                                "SELECT protected_claim_seqs FROM kv_admission_state")]
+    assert any(len(x) >= 2 for x in lists)
+    assert all(x == sorted(set(x)) for x in lists)
+
+
+def test_twin_an_instance_released_before_the_decision_is_never_listed(tmp_path: Path) -> None:
+    t = _dense_feasibility(tmp_path)
+    released = rows(t, "SELECT count(*) FROM claims WHERE release_seq IS NOT NULL")[0][0]
+    listed_after_release = rows(t, """
+        SELECT count(*) FROM kv_admission_state a, unnest(a.protected_claim_seqs) AS u(cs)
+        JOIN claims c ON c.run_id = a.run_id AND c.claim_seq = u.cs
+        WHERE c.release_seq IS NOT NULL AND c.release_seq < a.seq""")[0][0]
+    assert released > 0 and listed_after_release == 0
