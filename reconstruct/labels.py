@@ -98,7 +98,7 @@ LABEL_NAMES: Final[dict[int, str]] = {v: k for k, v in LABEL_SEVERITY.items()}
 MODE_BEST_EFFORT, MODE_SOFT, MODE_RESIDENCY = 0, 1, 2
 REL_NONE, REL_RELAXATION, REL_EXPIRY = 0, 1, 2
 
-WINDOW_ROWS: Final[int] = 1_000_000
+WINDOW_ROWS: Final[int] = 262_144
 _NULL: Final[int] = -1
 
 
@@ -827,7 +827,7 @@ _MASKED: Final[dict[str, Callable[[str], bool]]] = {
                                   "request_preempted"),
 }
 # Rows of pass outputs held before they go to DuckDB in one INSERT per table.
-FLUSH_ROWS: Final[int] = 2_000_000
+FLUSH_ROWS: Final[int] = 500_000
 
 # NOTE: only for a connection whose events are not in files (core.reconstruct on a table)
 _RUN_SQL: Final[str] = (f"SELECT {', '.join(PASS_COLUMNS)} FROM events WHERE run_id = $rid "
