@@ -349,7 +349,8 @@ def fmt(r: dict[str, Any]) -> list[str]:
         f"  plain-Python replay          {py / 1e6:7.2f} M/s on {r['py_events']:,} events"
         f"  -> end to end = {e2e / py:5.1f}x python",
         f"  peak RSS                     {r['rss_mib']:,.0f} MiB "
-        f"(before reading, after a 20 k-event warm-up audit: {r['rss_gen_mib']:,.0f} MiB; generated in a child process)",
+        f"(before reading, after a 20 k-event warm-up audit: {r['rss_gen_mib']:,.0f} MiB; "
+        "generated in a child process)",
         f"  labels check                 "
         + (f"OK: {r['checked']:,} losses agree" if not r["n_mismatches"] else
            f"MISMATCH: {r['n_mismatches']:,} of {r['checked']:,}, e.g. {r['mismatches']}"),
