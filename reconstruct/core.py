@@ -391,8 +391,9 @@ def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordB
         path = files.get(run_id)
         if path is None:
             return iter(())
-        return pq.ParquetFile(str(path)).iter_batches(batch_size=1 << 16,
-                                                      columns=list(labels.PASS_COLUMNS))
+        # NOTE: ``event`` decoded as a dictionary: the pass codes it per distinct name anyway
+        return pq.ParquetFile(str(path), read_dictionary=["event"]).iter_batches(
+            batch_size=1 << 16, columns=list(labels.PASS_COLUMNS))
     return batches
 
 

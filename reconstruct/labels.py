@@ -923,7 +923,9 @@ class _Run:
             [REL_EXPIRY if r == "claim_expired" else (REL_RELAXATION if r else REL_NONE)
              for r in facts.column("release_event").to_pylist()], dtype=np.int64)
         nslots = int(self.nsl.sum())
-        self.SL = np.full((max(1, nslots), 5), -1, dtype=np.int64)
+        # NOTE: int32 (a run's slots and instances stay below 2**31): the slot table is the
+        # pass's largest state, one row per declared position of every claim of the run
+        self.SL = np.full((max(1, nslots), 5), -1, dtype=np.int32)
         if nslots:
             inst = np.repeat(np.arange(ni, dtype=np.int64), self.nsl)
             self.SL[:nslots, S_INST] = inst
