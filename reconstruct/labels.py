@@ -211,67 +211,81 @@ def _grow1(buf: np.ndarray, used: int, need: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def hash_index(keys: np.ndarray, vals: np.ndarray, n_used: np.ndarray, h: np.uint64) -> int:
-    """Dense index of content hash ``h`` (open addressing; the table is never full)."""
+def hash_index(keys: np.ndarray, vals: np.ndarray, hused: np.ndarray, h: np.uint64) -> int:
+    """Dense index of content hash ``h`` (open addressing; the table is never full).
+
+    ``hused``: [indices handed out so far, free indices n_free, the free indices...]; a new
+    hash takes a free index first."""
     mask = keys.shape[0] - 1
     i = int((h * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
     while True:
         v = vals[i]
         if v < 0:
+            if hused[1] > 0:
+                hused[1] -= 1
+                v = hused[2 + hused[1]]
+            else:
+                v = hused[0]
+                hused[0] += 1
             keys[i] = h
-            vals[i] = n_used[0]
-            n_used[0] += 1
-            return vals[i]
+            vals[i] = v
+            return v
         if keys[i] == h:
             return v
         i = (i + 1) & mask
 
 
 @numba.njit(cache=True)
-def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray,
-             BS: np.ndarray, SL: np.ndarray):
-    """A new hash table for the live hashes only (renumbered), twice as big as needed.
+def _room(hkeys: np.ndarray, hused: np.ndarray, HS: np.ndarray, need: int) -> bool:
+    """Whether ``need`` new hashes fit in the table (half empty at most) and in ``HS``."""
+    return (2 * (hused[0] - hused[1] + need) <= hkeys.shape[0]
+            and hused[1] + HS.shape[0] - hused[0] >= need)
+
+
+@numba.njit(cache=True)
+def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray):
+    """A new hash table for the live hashes only; the indices of the others become free.
 
     NOTE: a hash with no copy, no binding and no in-force coverage has all-zero state: it can
     be forgotten and re-entered fresh when it shows up again. This keeps memory proportional
-    to the content resident or bound, not to every hash the run ever saw."""
+    to the content resident or bound, not to every hash the run ever saw. A live hash keeps
+    its index, so nothing that refers to it (blocks, slots) is rewritten: a rebuild costs
+    O(table + indices), and leaves room for as many new hashes as are live (amortized O(1))."""
     n_old = hused[0]
     live = np.zeros(n_old, dtype=np.bool_)
     for i in range(n_old):
         live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
                    or HS[i, H_RESID] != 0 or HS[i, H_EVC] != 0)
     n_live = int(live.sum())
-    n_bound = 0
-    for i in range(n_old):
-        n_bound += HS[i, H_LEN]
-    # NOTE: a rebuild costs O(live hashes + blocks + bound slots); leaving at least as much
-    # room for new hashes keeps its cost amortized O(1) per hash, however long the run
-    room = max(n_live, BS.shape[0], n_bound) + 16
     cap = 1024
-    while cap < 2 * (n_live + room):
+    while cap < 4 * (n_live + 16):
         cap *= 2
     keys = np.zeros(cap, dtype=np.uint64)
     vals = np.full(cap, -1, dtype=np.int64)
-    hs = np.zeros((cap // 2, 6), dtype=np.int64)
-    hs[:, H_HEAD] = -1
-    remap = np.full(n_old, -1, dtype=np.int64)
-    used = np.zeros(1, dtype=np.int64)
+    mask = cap - 1
     for j in range(hkeys.shape[0]):
         v = hvals[j]
         if v >= 0 and live[v]:
-            nv = hash_index(keys, vals, used, hkeys[j])
-            remap[v] = nv
-            hs[nv] = HS[v]
-    for b in range(BS.shape[0]):
-        if BS[b, B_HASH] >= 0:
-            BS[b, B_HASH] = remap[BS[b, B_HASH]]
-    for nv in range(used[0]):   # every bound slot is on its hash's list
-        sl = hs[nv, H_HEAD]
-        while sl >= 0:
-            SL[sl, S_HASH] = nv
-            sl = SL[sl, S_NEXT]
-    hused[0] = used[0]
-    return keys, vals, hs
+            i = int((hkeys[j] * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+            while vals[i] >= 0:
+                i = (i + 1) & mask
+            keys[i] = hkeys[j]
+            vals[i] = v
+    rows = max(HS.shape[0], 2 * n_live + 32)
+    hs = HS
+    if rows > HS.shape[0]:
+        hs = np.zeros((rows, 6), dtype=np.int64)
+        hs[:, H_HEAD] = -1
+        hs[:HS.shape[0]] = HS
+    used = np.zeros(2 + rows, dtype=np.int64)
+    used[0] = n_old
+    nf = 0
+    for i in range(n_old - 1, -1, -1):   # low indices are handed out first
+        if not live[i]:
+            used[2 + nf] = i
+            nf += 1
+    used[1] = nf
+    return keys, vals, used, hs
 
 
 @numba.njit(cache=True)
@@ -549,8 +563,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         e = ev[i]
         s = seq[i]
         # room for the (at most 3) hashes this event may add
-        if 2 * (hused[0] + 3) > hkeys.shape[0] or hused[0] + 3 > HS.shape[0]:
-            hkeys, hvals, HS = _rebuild(hkeys, hvals, hused, HS, BS, SL)
+        if not _room(hkeys, hused, HS, 3):
+            hkeys, hvals, hused, HS = _rebuild(hkeys, hvals, hused, HS)
         # capacity for the worst case of this event
         if e == EV_RESET:
             need = C[C_NSLOTS] + nb + 1
@@ -771,7 +785,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     nm += 1
             C[C_NDIRTY] = 0
     return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], hkeys, hvals,
-            HS)
+            hused, HS)
 
 
 @numba.njit(cache=True)
@@ -945,7 +959,7 @@ class _Run:
         self.block_map: dict[int, int] | None = None
         self.hkeys = np.zeros(1024, dtype=np.uint64)
         self.hvals = np.full(1024, -1, dtype=np.int64)
-        self.hused = np.zeros(1, dtype=np.int64)
+        self.hused = np.zeros(2 + 512, dtype=np.int64)
         self.HS = self._new_hashes(512)
 
     @staticmethod
@@ -1122,7 +1136,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     inst_of = _instances(seq, ev, code, run.cur, run.fseq)
     bidx = run.blocks(bid, bok)
     t0 = time.perf_counter()
-    L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.HS = _pass(
+    L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.hused, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.prot,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
