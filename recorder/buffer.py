@@ -118,19 +118,18 @@ def _entry_len(event: Any) -> int:
     """How many events (seqs) one pending entry holds."""
     if event.__class__ is tuple:
         return event[1]
-    return event.n if event.__class__ is _Staged else 1
+    return int(event) if event.__class__ is _Staged else 1
 
 
-class _Staged:
-    """The event slot of a pending entry holding staged entries (its fields slot is their list).
+class _Staged(int):
+    """The event slot of a pending entry holding staged entries: how many events they hold
+    (its fields slot is their list).
 
-    NOTE: never reaches validation or conversion: ``_unstage`` expands it first.
+    NOTE: an int subclass, built in C (no Python ``__init__``) once per move; never reaches
+    validation or conversion: ``_unstage`` expands it first.
     """
 
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
+    __slots__ = ()
 
 
 _STAGED_N = itemgetter(1)

@@ -242,10 +242,12 @@ class RecordingBlockPool:
         last = first_position + n
         keys = list(map(self.kvc_hash, new))
         ids = tuple(map(_BLOCK_ID, new))
-        if before.count(None) == n and None not in keys and self.kvc_null_id not in ids \
+        if before.count(None) == n and all(keys) and self.kvc_null_id not in ids \
                 and len(hashes) >= last:
             # NOTE: the usual case (every new full block cached): whole-list slices, no
-            # per-block Python
+            # per-block Python. ``all(keys)``: no key is None (a hash is never empty bytes;
+            # an empty one takes the exact path below), a truth test per key instead of an
+            # equality test against None
             kept = new
             positions: Sequence[int] = range(first_position, last)
             parents = ((hashes[first_position - 1] if first_position > 0 else None),

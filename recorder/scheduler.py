@@ -311,7 +311,7 @@ class KVClaimsMixin:
         keys = list(map(pool.kvc_hash, hits))
         ids = tuple(map(_BLOCK_ID, hits))
         null = pool.kvc_null_id
-        if None in keys or null in ids:
+        if not all(keys) or null in ids:  # NOTE: all(): see RecordingBlockPool's cache hook
             kept = [p for p in range(len(hits)) if keys[p] is not None and ids[p] != null]
             if not kept:
                 return
