@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from time import monotonic_ns as _now
+from typing import TYPE_CHECKING, Any
 
 from kvclaims.recorder.buffer import layout
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvclaims.recorder.scheduler import KVClaimsMixin
@@ -91,7 +91,7 @@ class RecordingHashIndex:
     ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block).
     ``kvc_sink`` says what a successful pop means: None, a loss to report now (an explicit
     eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair of lists, a loss to
-    collect (the pool's hook emits the whole list as one entry); False, not a loss (vLLM moving
+    collect (the pool's hook stages the whole list as one entry); False, not a loss (vLLM moving
     or promoting a hash inside ``cache_full_blocks`` / ``move_block_hashes``).
     ``kvc_base_pop`` is the base class's ``pop`` (set on the class by ``kvc_watch_index``):
     calling it directly costs less than ``super()`` on a path taken once per evicted block.
@@ -117,8 +117,8 @@ class RecordingBlockPool:
     """Mixin over ``vllm.v1.core.block_pool.BlockPool``.
 
     ``install`` sets the ``kvc_*`` references the hooks read (the scheduler, its arbiter, the
-    buffer's ``stage``, the reuse-denied set, the null block's id, the hash getter), so a hook reaches
-    them in one attribute lookup; ``kvc_request_id`` is the request the KV-cache manager is
+    buffer's ``stage``, the reuse-denied set, the null block's id, the hash getter), so a hook
+    reaches them in one attribute lookup; ``kvc_request_id`` is the request the KV-cache manager is
     allocating or freeing for (None outside those calls).
     """
 
