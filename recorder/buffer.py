@@ -133,6 +133,16 @@ class _Staged(int):
 
 
 _STAGED_N = itemgetter(1)
+_MALFORMED: Final[str] = "malformed_staged_entry"  # no event has it: the entry is gapped
+
+
+def _staged_len(entry: Any) -> int:
+    """How many events a staged entry claims (1 when its count is unusable)."""
+    try:
+        n = entry[1]
+    except Exception:  # noqa: BLE001 - a malformed entry still takes one seq
+        return 1
+    return n if n.__class__ is int and n >= 1 else 1
 
 
 def layout(scalars: tuple[str, ...], columns: tuple[str, ...]) -> tuple[tuple[str, ...],
@@ -151,11 +161,14 @@ def _layout_pairs(entry: tuple[Any, ...], n: int) -> tuple[tuple[str, Any], ...]
     A malformed entry (a value count that does not match its layout) gets a field no event
     carries, so the writer drops it and covers its seqs with a ``recorder_gap``.
     """
-    scalars, columns = entry[3]
+    spec = entry[3]
+    if spec.__class__ is not tuple or len(spec) != 2:
+        return ((_MALFORMED, 0),)
+    scalars, columns = spec
     values = entry[4:]
     k = len(scalars)
     if len(values) != k + n * len(columns):
-        return (("malformed_staged_entry", len(values)),)
+        return ((_MALFORMED, len(values)),)
     pairs = list(zip(scalars, values[:k]))
     for j, name in enumerate(columns):
         start = k + j * n
@@ -178,17 +191,20 @@ def _unstage(pending: PendingLists) -> PendingLists:
             o_f(fields)
             continue
         for entry in fields:
+            n = _staged_len(entry)
+            try:
+                entry_ts = entry[2]
+                if entry[3].__class__ is dict and n == 1:  # one event: (event, 1, ts, fields)
+                    name, entry_fields = entry[0], entry[3]
+                else:  # n events: (event, n, ts, layout, *scalars, *column, *column, ...)
+                    name, entry_fields = (entry[0], n), _layout_pairs(entry, n)
+            except Exception:  # noqa: BLE001 - a malformed entry: dropped and gapped
+                entry_ts, name, entry_fields = t, (_MALFORMED, n), ((_MALFORMED, 0),)
             o_seq(seq)
-            o_ts(entry[2])
-            if entry[3].__class__ is dict:  # one event: (event, 1, ts, fields)
-                o_ev(entry[0])
-                o_f(entry[3])
-                seq += 1
-            else:  # n events: (event, n, ts, layout, *scalars, *column, *column, ...)
-                n = entry[1]
-                o_ev((entry[0], n))
-                o_f(_layout_pairs(entry, n))
-                seq += n
+            o_ts(entry_ts)
+            o_ev(name)
+            o_f(entry_fields)
+            seq += n
     return out
 
 
@@ -538,10 +554,18 @@ class EventBuffer:
         del staged[:k]
         if not group:
             return
-        n = sum(map(_STAGED_N, group))
-        if n <= 0:
-            return
-        ts = group[0][2]
+        # NOTE: the C-level sum is the count ``_unstage`` will use whenever every entry's
+        # count is an int >= 1; otherwise count exactly as it does (a malformed entry: 1)
+        try:
+            n = sum(map(_STAGED_N, group))
+            exact = n.__class__ is int and min(map(_STAGED_N, group)) >= 1
+        except Exception:  # noqa: BLE001
+            exact = False
+        if not exact:
+            n = sum(map(_staged_len, group))
+        first = group[0]
+        ts = first[2] if first.__class__ is tuple and len(first) > 2 \
+            and first[2].__class__ is int else _monotonic_ns()
         event = _Staged(n)
         st = self._state
         k = len(self._p_seq)

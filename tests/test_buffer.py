@@ -461,3 +461,18 @@ def test_staged_entries_after_close_are_ignored(tmp_path: Path) -> None:
     buf.advance_step()
     assert buf.events_after_close == 1
     assert [e["event"] for e in _events(tmp_path / "run")] == ["run_started", "run_finished"]
+
+
+def test_malformed_staged_entries_are_gapped_and_the_rest_keep_their_seqs(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.stage(("block_freed",))  # no count, no fields: one seq
+    buf.stage(("block_allocated", 0, time.monotonic_ns(), _alloc_layout(), "b"))  # count < 1
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), {"block_id": 1}))  # a dict for 2
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "c", 5, 6))
+    buf.close()
+    events = _events(tmp_path / "run")
+    gaps = [(e["first_seq"], e["last_seq"]) for e in events if e["event"] == "recorder_gap"]
+    assert gaps == [(0, 3)]
+    assert [(e["seq"], e["block_id"]) for e in events if e["event"] == "block_allocated"] \
+        == [(4, 5), (5, 6)]
+    assert buf.events_dropped == 4
