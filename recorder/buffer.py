@@ -9,6 +9,15 @@ daemon thread wakes every ``flush_interval_s`` (or as soon as ``batch_events`` e
 waiting), expands, validates and converts the pending events column-wise into
 ``pa.RecordBatch``es and hands them to a ``RunWriter``.
 
+The engine's own hot path stages instead of emitting: ``EventBuffer.stage`` is a bare
+``list.append`` of ``(event, n, ts_ns, fields)`` tuples (fields: a dict for one event, or
+``emit_many``'s ``(name, value)`` pairs for ``n`` events), with no lock, no seq and no Python
+frame of the buffer's own. Staged entries are moved into the pending lists as ONE entry (a
+``_Staged`` group taking consecutive seqs for all its events) under the lock at the next
+``advance_step()``, ``emit``/``emit_many`` call or writer-thread drain, whichever comes first, so
+a scheduler step costs one locked append however many hooks it ran; the writer thread expands
+the group back into entries.
+
 The engine's scheduler step: ``advance_step()`` (called once per ``schedule()``) records a mark
 ``(first seq of the step, step)``; the writer thread fills the ``step`` column of every event
 from those marks (a vectorised search by ``seq``), so stamping the step costs the hot path
@@ -22,10 +31,13 @@ events), vectorised, so the engine never converts a hash.
 NOTE: invariants
 - ``seq`` is strictly increasing from 0 and every seq is accounted for: it is either written,
   or covered by a ``recorder_gap`` event written later (``first_seq..last_seq``);
+- seqs follow the order of the calls: staged entries get their seqs before any later
+  ``emit``/``emit_many``/step mark takes one (each of those moves the staged entries first);
 - ``run_started`` is seq 0 (emitted by the constructor from the writer's run facts) and
   ``run_finished`` is the last event (emitted by ``close()``);
 - memory is bounded: at most ``capacity`` pending entries (an entry is one event, or the
-  events of one ``emit_many`` call, at most one per block of the pool) are waiting (pending or being converted); past
+  events of one ``emit_many`` call, at most one per block of the pool, or one staged group,
+  at most one scheduler step's hooks) are waiting (pending or being converted); past
   that, events are dropped and counted, and the next accepted event is preceded by a
   ``recorder_gap`` (reason ``buffer_full``) covering the dropped span;
 - ``emit`` never raises into the caller and never blocks on I/O; every internal failure is
@@ -42,6 +54,7 @@ import threading
 import time
 import weakref
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Final
 
 import pyarrow as pa
@@ -103,7 +116,96 @@ def _is_bulk(event: Any) -> bool:
 
 def _entry_len(event: Any) -> int:
     """How many events (seqs) one pending entry holds."""
-    return event[1] if event.__class__ is tuple else 1
+    if event.__class__ is tuple:
+        return event[1]
+    return int(event) if event.__class__ is _Staged else 1
+
+
+class _Staged(int):
+    """The event slot of a pending entry holding staged entries: how many events they hold
+    (its fields slot is their list).
+
+    NOTE: an int subclass, built in C (no Python ``__init__``) once per move; never reaches
+    validation or conversion: ``_unstage`` expands it first.
+    """
+
+    __slots__ = ()
+
+
+_STAGED_N = itemgetter(1)
+_MALFORMED: Final[str] = "malformed_staged_entry"  # no event has it: the entry is gapped
+
+
+def _staged_len(entry: Any) -> int:
+    """How many events a staged entry claims (1 when its count is unusable)."""
+    try:
+        n = entry[1]
+    except Exception:  # noqa: BLE001 - a malformed entry still takes one seq
+        return 1
+    return n if n.__class__ is int and n >= 1 else 1
+
+
+def layout(scalars: tuple[str, ...], columns: tuple[str, ...]) -> tuple[tuple[str, ...],
+                                                                        tuple[str, ...]]:
+    """The layout of a staged entry for ``n`` events: its scalar fields (one value shared by
+    all ``n``), then its column fields (``n`` values each, one after the other).
+
+    NOTE: built once per event kind at import (a constant), never per entry.
+    """
+    return (tuple(scalars), tuple(columns))
+
+
+def _layout_pairs(entry: tuple[Any, ...], n: int) -> tuple[tuple[str, Any], ...]:
+    """``emit_many``'s ``(name, value)`` pairs of a staged entry for ``n`` events.
+
+    A malformed entry (a value count that does not match its layout) gets a field no event
+    carries, so the writer drops it and covers its seqs with a ``recorder_gap``.
+    """
+    spec = entry[3]
+    if spec.__class__ is not tuple or len(spec) != 2:
+        return ((_MALFORMED, 0),)
+    scalars, columns = spec
+    values = entry[4:]
+    k = len(scalars)
+    if len(values) != k + n * len(columns):
+        return ((_MALFORMED, len(values)),)
+    pairs = list(zip(scalars, values[:k]))
+    for j, name in enumerate(columns):
+        start = k + j * n
+        pairs.append((name, values[start:start + n]))
+    return tuple(pairs)
+
+
+def _unstage(pending: PendingLists) -> PendingLists:
+    """Expand staged groups into ordinary entries (singles and ``emit_many`` entries)."""
+    seqs, ts, events, field_dicts = pending
+    if not any(e.__class__ is _Staged for e in events):
+        return pending
+    out: PendingLists = ([], [], [], [])
+    o_seq, o_ts, o_ev, o_f = (lst.append for lst in out)
+    for seq, t, event, fields in zip(seqs, ts, events, field_dicts):
+        if event.__class__ is not _Staged:
+            o_seq(seq)
+            o_ts(t)
+            o_ev(event)
+            o_f(fields)
+            continue
+        for entry in fields:
+            n = _staged_len(entry)
+            try:
+                entry_ts = entry[2]
+                if entry[3].__class__ is dict and n == 1:  # one event: (event, 1, ts, fields)
+                    name, entry_fields = entry[0], entry[3]
+                else:  # n events: (event, n, ts, layout, *scalars, *column, *column, ...)
+                    name, entry_fields = (entry[0], n), _layout_pairs(entry, n)
+            except Exception:  # noqa: BLE001 - a malformed entry: dropped and gapped
+                entry_ts, name, entry_fields = t, (_MALFORMED, n), ((_MALFORMED, 0),)
+            o_seq(seq)
+            o_ts(entry_ts)
+            o_ev(name)
+            o_f(entry_fields)
+            seq += n
+    return out
 
 
 _COLUMN_TYPES = (list, tuple, range)
@@ -272,6 +374,11 @@ class EventBuffer:
         self._p_ts: list[int] = []
         self._p_ev: list[str] = []
         self._p_fields: list[dict[str, Any]] = []
+        # NOTE: the engine's staged entries (see ``stage``); appended to without the lock (a
+        # list append is atomic under the GIL), taken under the lock by ``_move_staged`` with
+        # a slice and a ``del`` of that slice, so an append racing with a move is never lost.
+        self._staged: list[tuple[Any, ...]] = []
+        self.stage = self._staged.append
         # (first seq of a step, step), ascending; pruned as the writer moves past them
         self._marks: list[tuple[int, int]] = [] if step is None else [(0, int(step))]
         self._step = step
@@ -284,6 +391,7 @@ class EventBuffer:
         # locals costs about a third less per call than a method reading self.* attributes.
         self.emit = self._make_emit()  # type: ignore[method-assign]
         self.emit_many = self._make_emit_many()  # type: ignore[method-assign]
+        self.emit_staged = self._make_emit_staged()  # type: ignore[method-assign]
         if emit_run_started:
             self.emit("run_started", **self._run_started_fields())
         self._thread = threading.Thread(target=self._run, name=f"kvclaims-recorder-{run_id}",
@@ -314,12 +422,16 @@ class EventBuffer:
         slow = self._emit_slow
         note_error = self._note_error
         clock = _monotonic_ns
+        staged = self._staged
+        move = self._move_staged
 
         def emit(event: str, **fields: Any) -> None:
             """Record one event. Never raises, never waits for I/O."""
             try:
                 ts = clock()
                 with lock:
+                    if staged:
+                        move()
                     n = len(seqs)
                     if n >= state.limit:
                         slow(ts, event, fields)
@@ -360,6 +472,8 @@ class EventBuffer:
         slow = self._emit_slow
         note_error = self._note_error
         clock = _monotonic_ns
+        staged = self._staged
+        move = self._move_staged
 
         def emit_many(event: str, n: int, fields: Any) -> None:
             """Record ``n`` events of one kind as one entry. Never raises."""
@@ -374,6 +488,8 @@ class EventBuffer:
                 if fields.__class__ is dict:
                     fields = tuple(fields.items())
                 with lock:
+                    if staged:
+                        move()
                     k = len(seqs)
                     if k >= state.limit:
                         slow(ts, entry, fields)
@@ -391,12 +507,85 @@ class EventBuffer:
 
         return emit_many
 
+    def stage(self, entry: tuple[Any, ...]) -> None:
+        """Stage one entry from the engine's hot path: no lock, no seq yet.
+
+        ``entry`` is ``(event, 1, ts_ns, fields)`` for one event (``fields`` a dict, as
+        ``emit``'s kwargs), or ``(event, n, ts_ns, layout, *scalars, *column, *column, ...)``
+        for ``n`` events (``layout`` from ``layout()``: the scalar values in its order, then
+        each column's ``n`` values in its order, all flattened into the one tuple);
+        ``ts_ns`` is ``time.monotonic_ns()`` at the call; ``n >= 1``. The entry takes its seqs, in staging order, when the staged
+        entries are moved (next ``advance_step``, ``emit``/``emit_many`` or drain); it is
+        validated on the writer thread like any other.
+
+        NOTE: the instance attribute is the staged list's own bound ``append`` (a C call: the
+        hook pays no Python frame of the buffer's). One flat tuple per entry, no nested pairs
+        or column tuples: every tuple built in the engine and kept until the writer drains
+        counts towards the cyclic GC's next collection, and those collections were a third
+        of the recorder's cost inside the scheduler.
+        """
+        self._staged.append(entry)  # pragma: no cover - shadowed per instance
+
+    def emit_staged(self, event: str, **fields: Any) -> None:
+        """``emit``'s signature, staged (``stage``): for the engine thread's rarer events, so
+        they keep their order among the staged ones without taking the lock."""
+        self._make_emit_staged()(event, **fields)  # pragma: no cover - shadowed per instance
+
+    def _make_emit_staged(self) -> Any:
+        add = self._staged.append
+        clock = _monotonic_ns
+
+        def emit_staged(event: str, **fields: Any) -> None:
+            """Stage one event. Never raises, never waits for I/O."""
+            add((event, 1, clock(), fields))
+
+        return emit_staged
+
+    def _move_staged(self) -> None:
+        """Move every staged entry into the pending lists as one group entry; caller holds
+        _lock.
+
+        NOTE: the group goes through the same checks as one ``emit_many`` (closed, full, a gap
+        to write first); it takes consecutive seqs for all its events, in staging order.
+        """
+        staged = self._staged
+        k = len(staged)
+        group = staged[:k]
+        del staged[:k]
+        if not group:
+            return
+        # NOTE: the C-level sum is the count ``_unstage`` will use whenever every entry's
+        # count is an int >= 1; otherwise count exactly as it does (a malformed entry: 1)
+        try:
+            n = sum(map(_STAGED_N, group))
+            exact = n.__class__ is int and min(map(_STAGED_N, group)) >= 1
+        except Exception:  # noqa: BLE001
+            exact = False
+        if not exact:
+            n = sum(map(_staged_len, group))
+        first = group[0]
+        ts = first[2] if first.__class__ is tuple and len(first) > 2 \
+            and first[2].__class__ is int else _monotonic_ns()
+        event = _Staged(n)
+        st = self._state
+        k = len(self._p_seq)
+        if k >= st.limit:
+            self._emit_slow(ts, event, group)
+            return
+        seq = st.next_seq
+        st.next_seq = seq + n
+        self._append(seq, ts, event, group)  # type: ignore[arg-type]
+        if k >= self._batch_events - 1:
+            self._wake.set()
+
     def advance_step(self) -> int:
         """Start the engine's next scheduler step: every later event carries it. Returns it.
 
         NOTE: one mark per step, no event: the writer fills the ``step`` column from the marks.
         """
         with self._lock:
+            if self._staged:
+                self._move_staged()
             step = 0 if self._step is None else self._step + 1
             self._step = step
             self._marks.append((self._state.next_seq, step))
@@ -411,7 +600,7 @@ class EventBuffer:
         """Closed, full, or a gap to write first. Caller holds _lock."""
         st = self._state
         if st.closed:
-            st.after_close += 1
+            st.after_close += len(fields) if event.__class__ is _Staged else 1
             return
         seq = st.next_seq
         n = _entry_len(event)
@@ -512,7 +701,13 @@ class EventBuffer:
         return seq + 1
 
     def _take_pending(self) -> tuple[PendingLists, list[tuple[int, int]]]:
-        """Take every pending entry and the step marks that cover them; caller holds _lock."""
+        """Take every pending entry and the step marks that cover them; caller holds _lock.
+
+        Staged entries are moved first; groups are still groups (``_unstage`` them after
+        releasing the lock).
+        """
+        if self._staged:
+            self._move_staged()
         taken = (self._p_seq[:], self._p_ts[:], self._p_ev[:], self._p_fields[:])
         for lst in (self._p_seq, self._p_ts, self._p_ev, self._p_fields):
             lst.clear()
@@ -537,12 +732,16 @@ class EventBuffer:
         for _ in range(10):  # NOTE: converges: recorder gaps written by a drain are valid
             self._drain()
             with self._lock:
+                if self._staged:
+                    self._move_staged()
                 if self._p_seq:
                     continue
                 self._append_run_finished(self.writer.events_written)
                 break
         else:  # a concurrent emitter kept the buffer busy: finish anyway
             with self._lock:
+                if self._staged:
+                    self._move_staged()
                 self._append_run_finished(self.writer.events_written
                                           + sum(map(_entry_len, self._p_ev)))
         self._drain()
@@ -574,11 +773,13 @@ class EventBuffer:
             with self._write_lock:
                 for _pass in range(2):
                     with self._lock:
-                        if not self._p_seq:
+                        if not self._p_seq and not self._staged:
                             break
                         taken, marks = self._take_pending()
                         self._set_inflight(len(taken[0]))
                     try:
+                        # NOTE: outside the lock: expanding a group is the writer's work
+                        taken = _unstage(taken)
                         total = len(taken[0])
                         for start in range(0, total, self._batch_events):
                             stop = min(start + self._batch_events, total)

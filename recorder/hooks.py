@@ -8,25 +8,38 @@ NOTE: invariants
 - every hook calls vLLM first or last exactly as the base class would, and records around it;
   a recording failure becomes a ``hook_failed`` event (``KVClaimsMixin.kvc_failed``), never an
   exception in the engine;
-- one hook call emits one entry per event kind (``emit_many``: the whole allocation, free list,
-  cache step or hit list as columns), never one ``emit`` per block; block hashes travel as
-  vLLM's raw ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
+- one hook call stages one entry per event kind (``EventBuffer.stage``: the whole allocation,
+  free list, cache step or hit list as columns), never one entry per block, and takes no lock
+  (a step's entries take their seqs in one locked move); block hashes travel as vLLM's raw
+  ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
 - per-block work in a hook is C-level passes (``map`` with ``attrgetter``, slices,
   ``list.count`` / ``in``), never a Python loop or a Python call per block, in the usual case;
 - the arbiter is called only for content bound to a claim in force (``arbiter.watched``);
-- every attribute added to vLLM's objects is named ``kvc_*``.
+- every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
+  (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
+  ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
+  function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
+  proxy object on every call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
+from time import monotonic_ns as _now
 from typing import TYPE_CHECKING, Any
+
+from kvclaims.recorder.buffer import layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvclaims.recorder.scheduler import KVClaimsMixin
 
 _BLOCK_ID = attrgetter("block_id")
+# the staged layouts of the pool's events (``EventBuffer.stage``): scalars, then columns
+_ALLOCATED = layout(("request_id",), ("block_id",))
+_FREED = layout(("request_id",), ("block_id",))
+_EVICTED = layout(("cause", "by_request_id"), ("block_id", "block_hash"))
+_CACHED = layout(("request_id",), ("block_id", "block_hash", "parent_hash", "position"))
 
 
 def _hash_getter(block_cls: type) -> Any:
@@ -78,7 +91,7 @@ class RecordingHashIndex:
     ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block).
     ``kvc_sink`` says what a successful pop means: None, a loss to report now (an explicit
     eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair of lists, a loss to
-    collect (the pool's hook emits the whole list as one entry); False, not a loss (vLLM moving
+    collect (the pool's hook stages the whole list as one entry); False, not a loss (vLLM moving
     or promoting a hash inside ``cache_full_blocks`` / ``move_block_hashes``).
     ``kvc_base_pop`` is the base class's ``pop`` (set on the class by ``kvc_watch_index``):
     calling it directly costs less than ``super()`` on a path taken once per evicted block.
@@ -103,19 +116,23 @@ class RecordingHashIndex:
 class RecordingBlockPool:
     """Mixin over ``vllm.v1.core.block_pool.BlockPool``.
 
-    ``install`` sets the ``kvc_*`` references the hooks read (the scheduler, its arbiter, its
-    emitters, the reuse-denied set, the null block's id, the hash getter), so a hook reaches
-    them in one attribute lookup; ``kvc_request_id`` is the request the KV-cache manager is
+    ``install`` sets the ``kvc_*`` references the hooks read (the scheduler, its arbiter, the
+    buffer's ``stage``, the reuse-denied set, the null block's id, the hash getter), so a hook
+    reaches them in one attribute lookup; ``kvc_request_id`` is the request the KV-cache manager is
     allocating or freeing for (None outside those calls).
     """
 
     kvc_sched: KVClaimsMixin
     kvc_arbiter: Any
-    kvc_emit_many: Any
+    kvc_stage: Any  # the buffer's ``stage`` (or a discard when no run directory opened)
     kvc_reuse_denied: set[str]
     kvc_null_id: int
     kvc_hash: Any
     kvc_request_id: str | None = None
+    # vLLM's methods, class attributes set by ``install`` (called bound, without super())
+    kvc_base_get_new_blocks: Any
+    kvc_base_cache_full_blocks: Any
+    kvc_base_free_blocks: Any
     cached_block_hash_to_block: Any  # vLLM's; its class is swapped by kvc_watch_index
 
     def get_new_blocks(self, num_blocks: int) -> list:
@@ -129,15 +146,16 @@ class RecordingBlockPool:
         lost_keys: list[bytes] = []
         index.kvc_sink = (lost_ids, lost_keys)
         try:
-            blocks = super().get_new_blocks(num_blocks)  # type: ignore[misc]
+            blocks = self.kvc_base_get_new_blocks(num_blocks)
         finally:
             index.kvc_sink = None
         try:
             request_id = self.kvc_request_id
             if lost_ids:
                 self.kvc_report_lost(lost_ids, lost_keys, "allocation", request_id)
-            self.kvc_emit_many("block_allocated", len(blocks), (
-                ("block_id", tuple(map(_BLOCK_ID, blocks))), ("request_id", request_id)))
+            if blocks:
+                self.kvc_stage(("block_allocated", len(blocks), _now(), _ALLOCATED,
+                                request_id, *map(_BLOCK_ID, blocks)))
         except Exception as exc:  # noqa: BLE001
             self.kvc_sched.kvc_failed("get_new_blocks", exc)
         return blocks
@@ -174,9 +192,8 @@ class RecordingBlockPool:
     def kvc_report_lost(self, ids: list[int], keys: list[bytes], cause: str,
                         request_id: str | None) -> None:
         """One ``block_evicted`` entry for collected losses; tell the arbiter of claimed ones."""
-        self.kvc_emit_many("block_evicted", len(ids), (
-            ("block_id", tuple(ids)), ("block_hash", tuple(keys)), ("cause", cause),
-            ("by_request_id", request_id)))
+        self.kvc_stage(("block_evicted", len(ids), _now(), _EVICTED, cause, request_id,
+                        *ids, *keys))
         if self.kvc_arbiter.watched:
             self.kvc_sched.kvc_safely(self.kvc_arbiter.on_lost_many, ids, keys)
 
@@ -208,9 +225,8 @@ class RecordingBlockPool:
         index = self.cached_block_hash_to_block
         index.kvc_sink = False  # a partial block's hash promoted to a full one: not a loss
         try:
-            super().cache_full_blocks(request, blocks, num_cached_blocks,  # type: ignore[misc]
-                                      num_full_blocks, block_size, kv_cache_group_id,
-                                      block_mask)
+            self.kvc_base_cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                            block_size, kv_cache_group_id, block_mask)
         finally:
             index.kvc_sink = None
         try:
@@ -226,10 +242,12 @@ class RecordingBlockPool:
         last = first_position + n
         keys = list(map(self.kvc_hash, new))
         ids = tuple(map(_BLOCK_ID, new))
-        if before.count(None) == n and None not in keys and self.kvc_null_id not in ids \
+        if before.count(None) == n and all(keys) and self.kvc_null_id not in ids \
                 and len(hashes) >= last:
             # NOTE: the usual case (every new full block cached): whole-list slices, no
-            # per-block Python
+            # per-block Python. ``all(keys)``: no key is None (a hash is never empty bytes;
+            # an empty one takes the exact path below), a truth test per key instead of an
+            # equality test against None
             kept = new
             positions: Sequence[int] = range(first_position, last)
             parents = ((hashes[first_position - 1] if first_position > 0 else None),
@@ -246,23 +264,22 @@ class RecordingBlockPool:
             positions = tuple([first_position + i for i in idx])
             parents = tuple([hashes[p - 1] if 0 < p <= len(hashes) else None
                              for p in positions])
-        self.kvc_emit_many("block_cached", len(ids), (
-            ("block_id", ids), ("block_hash", tuple(keys)), ("parent_hash", parents),
-            ("position", positions), ("request_id", request.request_id)))
+        self.kvc_stage(("block_cached", len(ids), _now(), _CACHED, request.request_id,
+                        *ids, *keys, *parents, *positions))
         if self.kvc_arbiter.watched:
             self.kvc_sched.kvc_safely(self.kvc_arbiter.on_resident_many, kept, keys)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
         blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)
-        super().free_blocks(blocks)  # type: ignore[misc]
+        self.kvc_base_free_blocks(blocks)
         try:
             ids = tuple(map(_BLOCK_ID, blocks))
             null = self.kvc_null_id
             if null in ids:
                 ids = tuple([i for i in ids if i != null])
             if ids:
-                self.kvc_emit_many("block_freed", len(ids), (
-                    ("block_id", ids), ("request_id", self.kvc_request_id)))
+                self.kvc_stage(("block_freed", len(ids), _now(), _FREED,
+                                self.kvc_request_id, *ids))
         except Exception as exc:  # noqa: BLE001
             self.kvc_sched.kvc_failed("free_blocks", exc)
 
@@ -294,19 +311,20 @@ class RecordingKVCacheManager:
     kvc_sched: KVClaimsMixin
     kvc_pool: RecordingBlockPool
     kvc_admission_states: frozenset
+    kvc_base_allocate_slots: Any  # vLLM's method (a class attribute set by ``install``)
 
     def allocate_slots(self, request: Any, num_new_tokens: int, *args: Any,
                        **kwargs: Any) -> Any:
         if request.status in self.kvc_admission_states:
             return self.kvc_allocate_admitting(request, num_new_tokens, args, kwargs)
+        # NOTE: a running request: vLLM's scheduler never nests allocate_slots in another
+        # request's context, so the context is simply cleared afterwards
         pool = self.kvc_pool
-        previous = pool.kvc_request_id
         pool.kvc_request_id = request.request_id
         try:
-            return super().allocate_slots(request, num_new_tokens,  # type: ignore[misc]
-                                          *args, **kwargs)
+            return self.kvc_base_allocate_slots(request, num_new_tokens, *args, **kwargs)
         finally:
-            pool.kvc_request_id = previous
+            pool.kvc_request_id = None
 
     def kvc_allocate_admitting(self, request: Any, num_new_tokens: int, args: tuple,
                                kwargs: dict[str, Any]) -> Any:
@@ -315,7 +333,7 @@ class RecordingKVCacheManager:
         admitting = request.request_id not in kvc.kvc_to_refuse
         if admitting:
             try:
-                admit = kvc.kvc_admit(request, *args, **kwargs)
+                admit = kvc.kvc_admit(request, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - fail open: vLLM decides alone
                 kvc.kvc_failed("kvc_admit", exc)
                 admit = True
@@ -325,13 +343,12 @@ class RecordingKVCacheManager:
         previous = pool.kvc_request_id
         pool.kvc_request_id = request.request_id
         try:
-            result = super().allocate_slots(request, num_new_tokens,  # type: ignore[misc]
-                                            *args, **kwargs)
+            result = self.kvc_base_allocate_slots(request, num_new_tokens, *args, **kwargs)
         finally:
             pool.kvc_request_id = previous
         if admitting and result is not None:
             try:
-                kvc.kvc_admitted(request, *args, **kwargs)
+                kvc.kvc_admitted(request, args, kwargs)
             except Exception as exc:  # noqa: BLE001
                 kvc.kvc_failed("kvc_admitted", exc)
         return result
@@ -377,13 +394,16 @@ def install(scheduler: KVClaimsMixin) -> None:
 
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
-    for obj, mixin in ((pool, RecordingBlockPool), (manager, RecordingKVCacheManager)):
+    for obj, mixin, names in ((pool, RecordingBlockPool,
+                               ("get_new_blocks", "cache_full_blocks", "free_blocks")),
+                              (manager, RecordingKVCacheManager, ("allocate_slots",))):
         base = type(obj)
-        obj.__class__ = type(f"Recording{base.__name__}", (mixin, base), {})
+        obj.__class__ = type(f"Recording{base.__name__}", (mixin, base),
+                             {f"kvc_base_{n}": getattr(base, n) for n in names})
         obj.kvc_sched = scheduler
     # NOTE: the references every hook reads, set once here (none of them is ever rebound)
     pool.kvc_arbiter = scheduler.kvc_arbiter
-    pool.kvc_emit_many = scheduler.kvc_emit_many
+    pool.kvc_stage = scheduler.kvc_stage
     pool.kvc_reuse_denied = scheduler.kvc_reuse_denied
     null = getattr(pool, "null_block", None)
     pool.kvc_null_id = null.block_id if null is not None else -1

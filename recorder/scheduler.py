@@ -36,6 +36,7 @@ import time
 import uuid
 from operator import attrgetter
 from pathlib import Path
+from time import monotonic_ns as _now
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -45,7 +46,7 @@ from vllm.v1.request import RequestStatus
 
 from kvclaims.recorder import hooks
 from kvclaims.recorder.arbiter import ClaimArbiter
-from kvclaims.recorder.buffer import EventBuffer
+from kvclaims.recorder.buffer import EventBuffer, layout
 from kvclaims.recorder.claims import declared_claim_id, raw_claim, release_ids
 from kvclaims.recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
 from kvclaims.recorder.schema import InputError
@@ -125,13 +126,19 @@ class KVClaimsMixin:
         run_info = self.kvc_run_info(vllm_config, cfg, limit)
         out = Path(cfg.get("out") or Path("kvclaims-runs") / self.kvc_run_id)
         self.kvc_events: EventBuffer | None = None
+        self.kvc_stage: Any = _discard_entry
         self.kvc_emit: Any = _discard
         self.kvc_emit_many: Any = _discard_many
         self.kvc_advance_step: Any = _no_step
         try:
             # step 0: everything before the first schedule() (run_started, early arrivals)
             self.kvc_events = EventBuffer(RunWriter(out, run_info), self.kvc_run_id, step=0)
-            self.kvc_emit = self.kvc_events.emit  # the buffer has already emitted run_started
+            # NOTE: every event of the engine is staged (no lock per event; the buffer has
+            # already emitted run_started): the hot hooks stage their entries directly,
+            # the rarer events (arbiter, failures) through the kwargs form
+            self.kvc_stage = self.kvc_events.stage
+            self.kvc_emit = self.kvc_events.emit_staged
+            # the arbiter's rare bulk events (claim_bound): locked, after the staged ones
             self.kvc_emit_many = self.kvc_events.emit_many
             self.kvc_advance_step = self.kvc_events.advance_step
         except Exception:  # noqa: BLE001 - an unwritable run directory must not stop serving
@@ -225,8 +232,9 @@ class KVClaimsMixin:
         extra = getattr(params, "extra_args", None) if params is not None else None
         if not extra and not self.kvc_policy.deny_reuse:
             # NOTE: the usual request (no claim, tenant or release; reuse allowed): one event
-            self.kvc_emit("request_arrived", request_id=request.request_id, tenant=None,
-                          num_prompt_tokens=request.num_prompt_tokens, claim_id=None)
+            self.kvc_stage(("request_arrived", 1, _now(), {
+                "request_id": request.request_id, "tenant": None,
+                "num_prompt_tokens": request.num_prompt_tokens, "claim_id": None}))
             return
         raw = raw_claim(extra)
         claim_id = declared_claim_id(raw, request.request_id) if raw is not None else None
@@ -246,23 +254,28 @@ class KVClaimsMixin:
             self.kvc_reuse_denied.add(request.request_id)
             self.kvc_emit("reuse_denied", request_id=request.request_id)
 
-    def kvc_admit(self, request: Any, *args: Any, **kwargs: Any) -> bool:
+    def kvc_admit(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Ask the arbiter; on defer or refuse, record it and keep the request out.
 
         Called for a waiting (or preempted) request asking for its first blocks
-        (``RecordingKVCacheManager.allocate_slots``).
+        (``RecordingKVCacheManager.allocate_slots``, with the positional and keyword
+        arguments vLLM passed after ``num_new_tokens``).
         """
         arbiter = self.kvc_arbiter
         pinned_hits = 0
-        if arbiter.pins:
+        pinned = bool(arbiter.pins)
+        if pinned:
             hits = _hit_blocks(_computed_blocks(args, kwargs))
             pinned_hits = sum(1 for b in hits if arbiter.is_protected(b.block_id))
         required = -(-request.num_tokens // self.block_size) - pinned_hits
         pool = self.kv_cache_manager.block_pool
         decision = arbiter.admit(request.request_id, required, pool.get_num_free_blocks())
         if decision.action == "admit":
-            # free_blocks after any demotion the decision made (the decision's own dict)
-            decision.fields["free_blocks"] = pool.get_num_free_blocks()
+            # NOTE: free_blocks after any demotion the decision made (the decision's own
+            # dict); only a claim holding pins can be demoted, so without pins the pool is
+            # as it was
+            if pinned:
+                decision.fields["free_blocks"] = pool.get_num_free_blocks()
             self.kvc_pending_admission = decision.fields
             return True
         if decision.action == "defer":
@@ -285,9 +298,10 @@ class KVClaimsMixin:
             text += f", {own} by your own tenant's claims"
         return f"{text}; shortfall_blocks={fields.get('shortfall_blocks')}"
 
-    def kvc_admitted(self, request: Any, *args: Any, **kwargs: Any) -> None:
+    def kvc_admitted(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The allocation went through: record admission, hits and claim protection."""
-        self.kvc_emit("request_admitted", **self.kvc_pending_admission)
+        # NOTE: the decision's dict is staged as is: arbiter.admit builds a new one per call
+        self.kvc_stage(("request_admitted", 1, _now(), self.kvc_pending_admission))
         self.kvc_admitted_cached_tokens[request.request_id] = \
             int(kwargs.get("num_new_computed_tokens", args[0] if args else 0) or 0)
         hits = _hit_blocks(_computed_blocks(args, kwargs))
@@ -297,7 +311,7 @@ class KVClaimsMixin:
         keys = list(map(pool.kvc_hash, hits))
         ids = tuple(map(_BLOCK_ID, hits))
         null = pool.kvc_null_id
-        if None in keys or null in ids:
+        if not all(keys) or null in ids:  # NOTE: all(): see RecordingBlockPool's cache hook
             kept = [p for p in range(len(hits)) if keys[p] is not None and ids[p] != null]
             if not kept:
                 return
@@ -307,9 +321,8 @@ class KVClaimsMixin:
             positions: Any = tuple(kept)
         else:
             positions = range(len(hits))  # NOTE: the usual case: no per-block Python
-        self.kvc_emit_many("block_hit", len(ids), (
-            ("block_id", ids), ("block_hash", tuple(keys)), ("position", positions),
-            ("request_id", request.request_id)))
+        self.kvc_stage(("block_hit", len(ids), _now(), _HIT, request.request_id,
+                        *ids, *keys, *positions))
         if self.kvc_arbiter.watched:
             self.kvc_arbiter.on_resident_many(hits, keys)
 
@@ -381,10 +394,11 @@ class KVClaimsMixin:
         text = _REASON_TEXT.get(reason)
         if text is None and reason is not None:
             text = _REASON_TEXT[reason] = str(reason)
-        self.kvc_emit("request_finished", request_id=rid, finish_reason=text,
-                      num_cached_tokens=self.kvc_admitted_cached_tokens.pop(rid, 0),
-                      num_output_tokens=request.num_output_tokens,
-                      reason=REFUSAL_STOP_REASON if rid in self.kvc_to_refuse else None)
+        self.kvc_stage(("request_finished", 1, _now(), {
+            "request_id": rid, "finish_reason": text,
+            "num_cached_tokens": self.kvc_admitted_cached_tokens.pop(rid, 0),
+            "num_output_tokens": request.num_output_tokens,
+            "reason": REFUSAL_STOP_REASON if rid in self.kvc_to_refuse else None}))
         if self.kvc_reuse_denied:
             self.kvc_reuse_denied.discard(rid)
         if self.kvc_tenants:
@@ -451,6 +465,10 @@ def _discard_many(event: str, n: int, fields: Any) -> None:
     """The bulk emitter used when no run directory could be opened."""
 
 
+def _discard_entry(entry: Any) -> None:
+    """The stager used when no run directory could be opened."""
+
+
 def _no_step() -> None:
     """The step marker used when no run directory could be opened."""
 
@@ -458,6 +476,7 @@ def _no_step() -> None:
 # str(FinishReason) per reason (vLLM's __str__ is a Python call; the texts never change)
 _REASON_TEXT: dict[Any, str] = {}
 _BLOCK_ID = attrgetter("block_id")
+_HIT = layout(("request_id",), ("block_id", "block_hash", "position"))
 
 
 def _computed_blocks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

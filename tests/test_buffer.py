@@ -379,3 +379,100 @@ def test_integer_hashes_are_written_unchanged(tmp_path: Path) -> None:
     buf.emit("claim_harmed", claim_id="c", block_hash=2**64 - 1)
     buf.close()
     assert _events(tmp_path / "run")[0]["block_hash"] == 2**64 - 1
+
+
+# --- the engine's staged entries (issue 9: one locked move per scheduler step) ----------------
+
+def _alloc_layout() -> Any:
+    from kvclaims.recorder.buffer import layout
+
+    return layout(("request_id",), ("block_id",))
+
+
+def test_staged_entries_take_their_seqs_in_staging_order_before_a_later_emit(
+        tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.stage(("block_freed", 1, time.monotonic_ns(), {"block_id": 9, "request_id": "a"}))
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "b", 1, 2))
+    buf.emit("block_freed", block_id=8, request_id="a")  # not staged: after the staged ones
+    buf.close()
+    rows = [(e["seq"], e["event"], e.get("block_id"), e.get("request_id"))
+            for e in _events(tmp_path / "run")]
+    assert rows[:4] == [(0, "block_freed", 9, "a"), (1, "block_allocated", 1, "b"),
+                        (2, "block_allocated", 2, "b"), (3, "block_freed", 8, "a")]
+
+
+def test_a_staged_entry_whose_values_do_not_fit_its_layout_is_dropped_and_gapped(
+        tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.stage(("block_allocated", 3, time.monotonic_ns(), _alloc_layout(), "b", 1, 2))
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "c", 5, 6))
+    buf.close()
+    events = _events(tmp_path / "run")
+    gap = next(e for e in events if e["event"] == "recorder_gap")
+    assert (gap["first_seq"], gap["last_seq"], gap["events_dropped"]) == (0, 2, 3)
+    assert [(e["seq"], e["block_id"]) for e in events if e["event"] == "block_allocated"] \
+        == [(3, 5), (4, 6)]
+
+
+def test_staged_entries_carry_the_step_they_were_staged_in(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", step=0)
+    buf.stage(("block_freed", 1, time.monotonic_ns(), {"block_id": 1, "request_id": "a"}))
+    buf.advance_step()
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "b", 1, 2))
+    buf.advance_step()
+    buf.close()
+    steps = [(e["event"], e.get("step")) for e in _events(tmp_path / "run")]
+    assert steps == [("run_started", 0), ("block_freed", 0), ("block_allocated", 1),
+                     ("block_allocated", 1), ("run_finished", 2)]
+
+
+def test_staged_entries_past_capacity_are_dropped_and_gapped_as_one_step(
+        tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False, capacity=1)
+    buf.emit("block_freed", block_id=1, request_id="a")
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "b", 1, 2))
+    buf.stage(("block_freed", 1, time.monotonic_ns(), {"block_id": 3, "request_id": "a"}))
+    buf.advance_step()  # the move finds the buffer full: the whole group is dropped
+    buf.flush()
+    buf.emit("block_freed", block_id=2, request_id="a")
+    buf.close()
+    events = _events(tmp_path / "run")
+    gap = next(e for e in events if e["event"] == "recorder_gap")
+    assert (gap["first_seq"], gap["last_seq"], gap["events_dropped"]) == (1, 3, 3)
+    assert buf.events_dropped == 3
+
+
+def test_staged_entries_within_capacity_are_all_written(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False, capacity=2)
+    buf.emit("block_freed", block_id=1, request_id="a")
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "b", 1, 2))
+    buf.advance_step()
+    buf.close()
+    assert buf.events_dropped == 0
+    assert [e["event"] for e in _events(tmp_path / "run")] == [
+        "block_freed", "block_allocated", "block_allocated", "run_finished"]
+
+
+def test_staged_entries_after_close_are_ignored(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run")
+    buf.close()
+    buf.stage(("block_freed", 1, time.monotonic_ns(), {"block_id": 1, "request_id": "a"}))
+    buf.advance_step()
+    assert buf.events_after_close == 1
+    assert [e["event"] for e in _events(tmp_path / "run")] == ["run_started", "run_finished"]
+
+
+def test_malformed_staged_entries_are_gapped_and_the_rest_keep_their_seqs(tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", emit_run_started=False)
+    buf.stage(("block_freed",))  # no count, no fields: one seq
+    buf.stage(("block_allocated", 0, time.monotonic_ns(), _alloc_layout(), "b"))  # count < 1
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), {"block_id": 1}))  # a dict for 2
+    buf.stage(("block_allocated", 2, time.monotonic_ns(), _alloc_layout(), "c", 5, 6))
+    buf.close()
+    events = _events(tmp_path / "run")
+    gaps = [(e["first_seq"], e["last_seq"]) for e in events if e["event"] == "recorder_gap"]
+    assert gaps == [(0, 3)]
+    assert [(e["seq"], e["block_id"]) for e in events if e["event"] == "block_allocated"] \
+        == [(4, 5), (5, 6)]
+    assert buf.events_dropped == 4
