@@ -107,12 +107,15 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
                                      memory_limit=args.memory_limit or "1GB")
     if args.json:
         print(json.dumps({"dataset": str(result.out), "runs": result.runs,
-                          "seconds": result.seconds}, indent=2, default=str))
+                          "seconds": result.seconds, "duckdb_fallbacks": result.fallbacks},
+                         indent=2, default=str))
     else:
         print(f"reconstructed {len(result.runs)} run(s) on Spark: {result.events} events in "
               f"{result.seconds:.1f} s -> {result.out}/<table>/date=*/run_id=*/")
         for row in result.errors:
             print(f"  {row['run_id']}: error: {row['error']}", file=sys.stderr)
+        for line in result.fallbacks:  # run on Spark, per run, in DuckDB (docs/fleet.md)
+            print(f"  per-run DuckDB: {line}", file=sys.stderr)
     return 3 if result.errors else 0
 
 
