@@ -103,8 +103,14 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
         import pyspark  # noqa: F401
     except ImportError:
         raise InputError("--engine spark needs pyspark: pip install 'kvclaims[spark]'") from None
-    result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
-                                     memory_limit=args.memory_limit or "1GB")
+    from kvclaims.progress import Progress
+
+    # NOTE: the key counts runs, so the "time left" estimate compares like with like
+    with Progress("reconstruct --engine spark", quiet=bool(args.json),
+                  key=f"reconstruct spark x{len(args.paths)}") as progress:
+        result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
+                                         memory_limit=args.memory_limit or "1GB",
+                                         progress=progress.stage)
     if args.json:
         print(json.dumps({"dataset": str(result.out), "runs": result.runs,
                           "seconds": result.seconds, "duckdb_fallbacks": result.fallbacks},

@@ -24,12 +24,14 @@ memory like any single-machine reconstruction.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import logging
 import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -389,22 +391,27 @@ def _with_ts(spark: Any, name: str) -> Any:
              if (c == "ts_ns" or c.endswith("_ts_ns")) and c[: -len("_ns")] not in cols]
     if not pairs or "run_id" not in cols:
         return spark.table(name)
-    # NOTE: DuckDB's // floors; Spark's div truncates: (d - pmod(d, 1000)) div 1000 floors
+    # NOTE: DuckDB's integer // truncates toward zero, as Spark's div does (the offset from the
+    # anchor is negative for events before it: flooring would move them by 1 us)
     added = ", ".join(
-        f"CAST(timestamp_micros(c.utc_us + ((t.{s} - c.ts_ns) - pmod(t.{s} - c.ts_ns, 1000)) "
-        f"div 1000) AS TIMESTAMP_NTZ) AS {d}" for s, d in pairs)
+        f"CAST(timestamp_micros(c.utc_us + (t.{s} - c.ts_ns) div 1000) AS TIMESTAMP_NTZ) "
+        f"AS {d}" for s, d in pairs)
     return spark.sql(f"SELECT t.*, {added} FROM {name} t "
                      "LEFT JOIN kv_clock c ON c.run_id = t.run_id")
 
 
 def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark: Any = None,
-                      master: str | None = None, memory_limit: str = "1GB") -> FleetResult:
+                      master: str | None = None, memory_limit: str = "1GB",
+                      progress: Callable[[str], None] | None = None) -> FleetResult:
     """Reconstruct every run the patterns name on Spark into ``out``.
 
     One task per run runs the labelling core (``core_stages``) and returns its tables as
     Arrow; the later stages (``sql_stages``) run as Spark SQL over them, transpiled from the
     same stage files; each output table is written as Parquet partitioned by date and run.
+    ``progress`` is told each step as it ends (``core``, each statement's table, each table
+    written).
     """
+    say = progress or (lambda _msg: None)
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -428,6 +435,7 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
         StorageLevel.MEMORY_AND_DISK)
     import json
 
+    say(f"labelling core: {len(runs)} run(s), one task each")
     status = [json.loads(r.ipc) for r in blobs.where("part = -2").select("ipc").collect()]
     bad = [s["run_id"] for s in status if s["error"]]
     good = [r for r in runs if r.run_id not in bad]
@@ -451,15 +459,18 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
         frame.createOrReplaceTempView(name)
         frames.append(frame)
     blobs.unpersist()
+    say(f"shipped: {len(frames)} table(s)")
     fallbacks: list[str] = []
     for st in statements:
         try:
-            frame = spark.sql(st.sql)
+            with _quiet_analysis_errors():
+                frame = spark.sql(st.sql)
         except Exception as exc:  # noqa: BLE001 -- Spark's analysis errors have no common type
             # NOTE: a statement Spark SQL cannot analyse still runs on Spark, per run, in DuckDB
             fallbacks.append(f"{st.stage}: {st.table}: {str(exc).strip().splitlines()[0]}")
             frame = per_run_duckdb(spark, st)
         frame.localCheckpoint(eager=True).createOrReplaceTempView(st.table)
+        say(f"{st.stage}: {st.table}")
     dates = spark.createDataFrame([(r.run_id, r.date) for r in good],
                                   "run_id string, date string")
     for name in outputs:
@@ -469,11 +480,27 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
         (frame.write.partitionBy("date", "run_id").option("compression", "zstd")
          .mode("overwrite").parquet(str(out / name)))
         _fill_empty_partitions(out / name, frame.drop("date", "run_id").schema, good)
+        say(f"written: {name}")
     for frame in frames:
         frame.unpersist()
     spark.catalog.clearCache()
     return FleetResult(out, sorted(status, key=lambda r: r["run_id"]),
                        time.perf_counter() - t0, fallbacks)
+
+
+@contextlib.contextmanager
+def _quiet_analysis_errors() -> Iterator[None]:
+    """Silence PySpark's logging of an analysis error (its whole plan and stack, megabytes, on
+    stderr): the error is still raised, and a fallback reports its first line."""
+    from pyspark.logger import PySparkLogger
+
+    logger = PySparkLogger.getLogger("SQLQueryContextLogger")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _fill_empty_partitions(table_dir: Path, schema: Any, runs: Sequence[FleetRun]) -> None:
