@@ -1,25 +1,28 @@
-"""A fleet's runs on Apache Spark: the same audit, one task per run.
+"""A fleet's runs on Apache Spark: the same audit, partitioned by run.
 
-A run is the unit of parallelism. Labels depend on the order of one run's events and never on
-another run, so each run is reconstructed by one Spark task that runs the **same** single-run
-reconstruction as ``kvclaims reconstruct`` (the labelling pass and the DuckDB stages, bounded by
-``memory_limit``, spilling beyond it) and writes its tables straight into the output dataset.
-No shuffle moves events between machines; what crosses the network is one small status row per
-run. The driver then reads the datasets back with Spark SQL for the documented views
-(``queries/``, written once in DuckDB's dialect and transpiled with sqlglot).
+A run is the unit of parallelism of the labelling core. Labels depend on the order of one
+run's events and never on another run, so each run goes to one Spark task that runs the
+**same** labelling core as ``kvclaims.open`` (``core.STAGES`` up to ``04_labels.sql``: the
+loader's checked read, run facts, claim instances, the compiled labelling pass; DuckDB bounded
+by ``memory_limit``) and returns its tables as Arrow. The later stages (``05_feasibility`` ..
+``07_conformance``) run as Spark SQL over those tables, transpiled at run time from the same
+stage files with sqlglot (a statement Spark cannot analyse runs per run in DuckDB, on Spark,
+and is reported). Spark then writes every table the audit shows, with its UTC ``ts`` columns.
+The documented views (``queries/``) are transpiled the same way. docs/fleet.md tells what
+runs where.
 
 Output layout (one Parquet dataset per table, Hive-partitioned, read alike by DuckDB, Polars
 and Spark)::
 
-    OUT/<table>/date=YYYY-MM-DD/run_id=<run>/part-0.parquet     # table in TABLES_OUT
+    OUT/<table>/date=YYYY-MM-DD/run_id=<run>/part-*.parquet
 
 ``date`` is the UTC day the run started (from the manifest's wall-clock anchor), or
 ``unknown`` for runs without a clock. ``run_id`` lives in the path, not in the files.
 
-NOTE: a giant run is one task, never split: its labels need its events in order. Runs are
-scheduled largest first (by bytes on disk), so one giant run starts at once and overlaps with
-all the small ones instead of running alone at the end; inside its task it streams in bounded
-memory like any single-machine reconstruction.
+NOTE: a giant run is one core task, never split: its labels need its events in order. Runs
+are scheduled largest first (by bytes on disk), so one giant run starts at once and overlaps
+with all the small ones instead of running alone at the end; inside its task it streams in
+bounded memory like any single-machine reconstruction.
 """
 
 from __future__ import annotations
@@ -46,17 +49,6 @@ from kvclaims.recorder.schema import InputError
 TABLES_OUT: Final[tuple[str, ...]] = (
     "events", "manifests", "losses", "loss_claims", "claims", "requests", "feasibility",
     "findings", "conformance")
-
-# What each Spark task reports back to the driver: one row per run.
-STATUS_SCHEMA: Final[pa.Schema] = pa.schema([
-    ("run_id", pa.string()), ("date", pa.string()), ("events", pa.int64()),
-    ("losses", pa.int64()), ("bytes_in", pa.int64()), ("bytes_out", pa.int64()),
-    ("seconds", pa.float64()), ("error", pa.string())])
-
-# The same, as Spark's DDL string (mapInArrow takes a Spark schema).
-STATUS_DDL: Final[str] = ", ".join(
-    f"{f.name} {'string' if f.type == pa.string() else 'long' if f.type == pa.int64() else 'double'}"
-    for f in STATUS_SCHEMA)
 
 _DATE_RE: Final = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
