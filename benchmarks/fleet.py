@@ -13,10 +13,10 @@ giant run) is written once under --dir, then:
   (transpiled from the same files) over them; Spark writes the dataset.
 
 It prints events/s for both side by side (per wall second and per CPU second of the whole
-process tree: on a shared machine the wall time is inflated by others), then how the Spark job would spread over a cluster:
-tasks, shuffle bytes (from Spark's own stage metrics, REST API on 127.0.0.1), the core-task
-skew the giant run causes, the critical path it sets, and any statement that fell back to
-per-run DuckDB.
+process tree: on a shared machine the wall time is inflated by others), then how the Spark job
+would spread over a cluster: tasks, shuffle bytes (from Spark's own stage metrics, REST API
+on 127.0.0.1), the core-task skew the giant run causes, the critical path it sets, and any
+statement that fell back to per-run DuckDB.
 """
 
 from __future__ import annotations

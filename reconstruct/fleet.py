@@ -163,8 +163,8 @@ def _ipc(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def core_tables(run: FleetRun, tables: Sequence[str], *,
-                memory_limit: str = "1GB") -> Iterator[tuple[str, pa.Schema, pa.RecordBatch | None]]:
+def core_tables(run: FleetRun, tables: Sequence[str], *, memory_limit: str = "1GB"
+                ) -> Iterator[tuple[str, pa.Schema, pa.RecordBatch | None]]:
     """One run through the core stages: yield ``(table, schema, batch)`` for each of ``tables``
     (``None`` first, for the schema), plus ``manifests`` and ``kv_clock``.
 
