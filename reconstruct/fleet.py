@@ -32,6 +32,7 @@ import glob
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +50,9 @@ from kvclaims.recorder.schema import InputError
 TABLES_OUT: Final[tuple[str, ...]] = (
     "events", "manifests", "losses", "loss_claims", "claims", "requests", "feasibility",
     "findings", "conformance")
+
+#: Where the core tasks leave their tables inside the output directory (removed at the end).
+STAGING: Final[str] = "_core"
 
 _DATE_RE: Final = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
@@ -229,20 +233,6 @@ def spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(spark_arrow_type(f.type)) for f in schema])
 
 
-def _decode_task(schema: pa.Schema):
-    """The function that turns a table's IPC blobs back into its record batches, in the types
-    Spark has (``spark_arrow_schema``)."""
-    target = spark_arrow_schema(schema)
-
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for blob in batch.column("ipc").to_pylist():
-                for b in pa.ipc.open_stream(blob):
-                    yield b.cast(target) if b.schema != target else b
-
-    return decode
-
-
 def spark_session(master: str | None = None, *, app_name: str = "kvclaims-fleet",
                   ui: bool = False) -> Any:
     """A Spark session for the fleet audit (``local[*]`` unless a master is given).
@@ -328,10 +318,11 @@ def plan_tables() -> tuple[list[str], list[str], list[SparkStatement]]:
     return shipped, outputs, statements
 
 
-def _core_task(tables: Sequence[str], memory_limit: str):
-    """The function each Spark task runs: for each of its runs, the core tables as IPC blobs,
-    then one status row (``part`` -2, JSON); a run that cannot be read gives only a status row
-    with its one-line error."""
+def _core_task(tables: Sequence[str], memory_limit: str, staging: str):
+    """The function each Spark task runs: for each of its runs, the core tables as Parquet
+    files ``staging/<table>/<index>.parquet`` (an empty file where the run has no rows), then
+    one status row (``part`` -2, JSON); a run that cannot be read writes nothing and gives only
+    a status row with its one-line error."""
     import json
 
     def status(run: FleetRun, **fields: Any) -> pa.RecordBatch:
@@ -346,27 +337,54 @@ def _core_task(tables: Sequence[str], memory_limit: str):
             for row in batch.to_pylist():
                 run = FleetRun(row["run_id"], row["run_dir"], row["date"], row["bytes_in"])
                 t0 = time.perf_counter()
-                rows: dict[str, int] = {}
-                out: list[pa.RecordBatch] = []
                 try:
-                    for name, schema, data in core_tables(run, tables,
-                                                          memory_limit=memory_limit):
-                        part = -1 if data is None else 0
-                        if data is not None:
-                            rows[name] = rows.get(name, 0) + data.num_rows
-                        out.append(pa.RecordBatch.from_pylist(
-                            [{"table": name, "run_id": run.run_id, "part": part,
-                              "ipc": _ipc(schema, [] if data is None else [data])}],
-                            schema=BLOB_SCHEMA))
+                    rows = write_core_tables(run, tables, Path(staging), row["index"],
+                                             memory_limit=memory_limit)
                 except InputError as exc:  # a bad run is reported, the fleet goes on
                     yield status(run, error=str(exc))
                     continue
-                # NOTE: a run's blobs go out only once it is whole: no partial run downstream
-                yield from out
                 yield status(run, events=rows.get("events", 0), losses=rows.get("losses", 0),
                              seconds=time.perf_counter() - t0)
 
     return run_partition
+
+
+def write_core_tables(run: FleetRun, tables: Sequence[str], staging: Path, index: int, *,
+                      memory_limit: str = "1GB") -> dict[str, int]:
+    """One run through the core (``core_tables``), each table written to
+    ``staging/<table>/<index>.parquet``; returns the rows per table.
+
+    NOTE: a run's files appear only once it is whole (written hidden, renamed at the end, so
+    Spark never reads a partial run); a rerun of the task (Spark retries) rewrites the same
+    names.
+    """
+    rows: dict[str, int] = {}
+    writers: dict[str, Any] = {}
+    hidden: list[tuple[Path, Path]] = []
+    try:
+        for name, schema, data in core_tables(run, tables, memory_limit=memory_limit):
+            if data is None:
+                folder = staging / name
+                folder.mkdir(parents=True, exist_ok=True)
+                final = folder / f"{index:06d}.parquet"
+                tmp = folder / f".{index:06d}.parquet"
+                writers[name] = pq.ParquetWriter(str(tmp), schema)
+                hidden.append((tmp, final))
+                rows[name] = 0
+            else:
+                writers[name].write_batch(data)
+                rows[name] += data.num_rows
+        for writer in writers.values():
+            writer.close()
+        for tmp, final in hidden:
+            os.replace(tmp, final)
+    except BaseException:
+        for writer in writers.values():
+            writer.close()
+        for tmp, _ in hidden:
+            tmp.unlink(missing_ok=True)
+        raise
+    return rows
 
 
 def _spark_schema(schema: pa.Schema) -> Any:
@@ -397,16 +415,12 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
                       progress: Callable[[str], None] | None = None) -> FleetResult:
     """Reconstruct every run the patterns name on Spark into ``out``.
 
-    One task per run runs the labelling core (``core_stages``) and returns its tables as
-    Arrow; the later stages (``sql_stages``) run as Spark SQL over them, transpiled from the
-    same stage files; each output table is written as Parquet partitioned by date and run.
-    ``progress`` is told each step as it ends (``core``, each statement's table, each table
-    written).
+    One task per run runs the labelling core (``core_stages``) and leaves its tables as
+    Parquet in ``out/_core/``; the later stages (``sql_stages``) run as Spark SQL over them,
+    transpiled from the same stage files; each output table is written as Parquet partitioned
+    by date and run, and ``out/_core/`` is removed. ``progress`` is told each step (the core,
+    each statement's table, each table written).
     """
-    say = progress or (lambda _msg: None)
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
     from kvclaims.reconstruct.core import validate_memory_limit
 
     memory_limit = validate_memory_limit(memory_limit)  # in the driver, before any task
@@ -417,41 +431,52 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
         raise InputError(f"{out}: output dataset directory is not empty")
     out.mkdir(parents=True, exist_ok=True)
     spark = spark or spark_session(master)
+    say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
-    rows = [{"run_id": r.run_id, "run_dir": r.run_dir, "date": r.date, "bytes_in": r.bytes_in}
-            for r in runs]
-    # NOTE: one slice per run, largest first: Spark hands out tasks in partition order.
-    rdd = spark.sparkContext.parallelize(rows, numSlices=len(rows))
-    df = spark.createDataFrame(rdd, "run_id string, run_dir string, date string, bytes_in long")
-    blobs = df.mapInArrow(_core_task(shipped, memory_limit), BLOB_DDL).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _reconstruct(spark, runs, out, shipped, outputs, statements, memory_limit, say,
+                            t0)
+    finally:
+        # NOTE: the core's files are the job's scratch, never part of the dataset
+        shutil.rmtree(out / STAGING, ignore_errors=True)
+        spark.catalog.clearCache()
+
+
+def _reconstruct(spark: Any, runs: list[FleetRun], out: Path, shipped: list[str],
+                 outputs: list[str], statements: list[SparkStatement], memory_limit: str,
+                 say: Callable[[str], None], t0: float) -> FleetResult:
+    """The body of ``reconstruct_spark`` once its inputs are checked."""
     import json
 
+    from pyspark.sql import functions as F
+
+    rows = [{"run_id": r.run_id, "run_dir": r.run_dir, "date": r.date, "bytes_in": r.bytes_in,
+             "index": i} for i, r in enumerate(runs)]
+    # NOTE: one slice per run, largest first: Spark hands out tasks in partition order.
+    rdd = spark.sparkContext.parallelize(rows, numSlices=len(rows))
+    df = spark.createDataFrame(
+        rdd, "run_id string, run_dir string, date string, bytes_in long, index int")
+    # NOTE: the core's tables go through Parquet files beside the dataset (a shared
+    # filesystem, as the dataset itself), read back by Spark's own Parquet reader: no event
+    # crosses Python twice, and each table is a leaf plan for the SQL stages
+    staging = out / STAGING
     say(f"labelling core: {len(runs)} run(s), one task each")
-    status = [json.loads(r.ipc) for r in blobs.where("part = -2").select("ipc").collect()]
-    bad = [s["run_id"] for s in status if s["error"]]
+    status = [json.loads(r.ipc) for r in df.mapInArrow(
+        _core_task(shipped, memory_limit, str(staging.resolve())), BLOB_DDL).collect()]
+    bad = {s["run_id"] for s in status if s["error"]}
     good = [r for r in runs if r.run_id not in bad]
-    schemas = {r.table: pa.ipc.open_stream(r.ipc).schema for r in blobs.where(
-        "part = -1").groupBy("table").agg(F.first("ipc").alias("ipc")).collect()}
-    frames = []
+    shipped_tables = 0
     for name in shipped:
-        if name not in schemas:
+        files = sorted((staging / name).glob("*.parquet")) if (staging / name).is_dir() else []
+        if not files:
             continue
-        rows = (F.col("table") == name) & (F.col("part") >= 0)
-        if "run_id" not in schemas[name].names and good:
+        if "run_id" not in pq.read_schema(files[0]).names:
             # NOTE: a table without run_id (kv_modes, kv_policies) is the same in every task:
             # one copy, not one per run
-            rows = rows & (F.col("run_id") == good[0].run_id)
-        frame = (blobs.where(rows)
-                 .select("ipc").mapInArrow(_decode_task(schemas[name]),
-                                           _spark_schema(schemas[name])))
-        # NOTE: checkpointed: later statements see a leaf, not this plan (Spark's analyser
-        # re-analyses a view's whole plan at every reference, which grows without bound)
-        frame = frame.localCheckpoint(eager=True)
-        frame.createOrReplaceTempView(name)
-        frames.append(frame)
-    blobs.unpersist()
-    say(f"shipped: {len(frames)} table(s)")
+            files = files[:1]
+        spark.read.parquet(*map(str, files)).createOrReplaceTempView(name)
+        shipped_tables += 1
+    say(f"shipped: {shipped_tables} table(s)")
     fallbacks: list[str] = []
     for st in statements:
         try:
@@ -473,9 +498,6 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
          .mode("overwrite").parquet(str(out / name)))
         _fill_empty_partitions(out / name, frame.drop("date", "run_id").schema, good)
         say(f"written: {name}")
-    for frame in frames:
-        frame.unpersist()
-    spark.catalog.clearCache()
     return FleetResult(out, sorted(status, key=lambda r: r["run_id"]),
                        time.perf_counter() - t0, fallbacks)
 
