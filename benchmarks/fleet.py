@@ -137,6 +137,7 @@ def main() -> int:
     with kvclaims.open(dirs, memory_limit="2GB", reuse=False, lock=False) as audit:
         audit.con.sql("SELECT count(*) FROM losses").fetchall()
     duck_s, duck_cpu = time.perf_counter() - t0, tree_cpu_seconds() - c0
+    print(f"duckdb, one process: {duck_s:.1f} s wall, {duck_cpu:.1f} CPU s", flush=True)
 
     spark = fleet.spark_session(args.master, ui=True)
     spark.sparkContext.parallelize([0], 1).count()  # start the executors before timing
