@@ -269,7 +269,12 @@ def spark_session(master: str | None = None, *, app_name: str = "kvclaims-fleet"
                # (minutes to format): keep the message short
                .config("spark.sql.maxPlanStringLength", "8192"))
     if (master or "local").startswith("local"):
-        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
+        # NOTE: in local mode the driver's JVM is the executor too: the per-run DuckDB
+        # fallback carries each run's rows of a table as one Arrow value through it (1 GB, the
+        # default, ran out at a 300 k-event run); on a cluster spark-submit sets it
+        builder = (builder.config("spark.driver.memory",
+                                  os.environ.get("KVCLAIMS_SPARK_DRIVER_MEMORY", "4g"))
+                   .config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.driver.host", "127.0.0.1")
                    .config("spark.ui.host", "127.0.0.1"))
     session = builder.getOrCreate()
