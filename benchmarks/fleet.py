@@ -167,7 +167,7 @@ def main() -> int:
           f"run ({len(dirs)}), the SQL stages' tasks follow spark.sql.shuffle.partitions")
     print(f"  shuffle: read {metrics.get('shuffleReadBytes', 0):,} B, "
           f"write {metrics.get('shuffleWriteBytes', 0):,} B (the SQL stages' joins and "
-          f"aggregations by run; events reach them once, as the core tasks' Arrow output)")
+          f"aggregations by run; events reach them once, from the core tasks' Parquet)")
     print(f"  core task time: median {median:.2f} s, max {task_s[0]:.2f} s (the giant run, "
           f"{giant['events']:,} events: {giant['seconds']:.2f} s); sum {sum(task_s):.1f} s")
     ideal = sum(task_s) / 2
