@@ -5,6 +5,7 @@
     kvclaims sql "SELECT ..." RUN_DIR... [--format table|csv|json|parquet] [--out FILE]
     kvclaims query NAME RUN_DIR... [--format ...] [--out FILE]      (query --list: every name)
     kvclaims explain RUN_DIR... --tenant T [--claim C] [--request R] [--format text|md|html|json]
+    kvclaims explain --dataset DIR [--run RUN_ID] --tenant T ...   # a fleet dataset (Spark)
 
 ``sql``, ``query`` and ``explain`` open the runs through the one audit facade
 (``kvclaims.open``): read-only, locked-down SQL (docs/sql.md, docs/explain.md).
@@ -87,8 +88,13 @@ def register(subparsers: Any) -> None:
                     "timeline in UTC, why in capacity terms, the value lost and what would "
                     "have prevented it. Other tenants appear only as 'another tenant'. "
                     "Reference: docs/explain.md.")
-    p.add_argument("paths", nargs="+", metavar="RUN_DIR",
+    p.add_argument("paths", nargs="*", metavar="RUN_DIR",
                    help="run directories, sweep directories, globs or .jsonl traces")
+    p.add_argument("--dataset", default=None, metavar="DIR",
+                   help="read a fleet dataset (kvclaims reconstruct --engine spark --out DIR) "
+                        "instead of run directories")
+    p.add_argument("--run", action="append", default=None, metavar="RUN_ID",
+                   help="with --dataset: only this run (repeatable; default every run)")
     p.add_argument("--tenant", required=True, help="the tenant to explain to")
     p.add_argument("--claim", default=None, help="only this claim of the tenant")
     p.add_argument("--request", default=None, help="only this request of the tenant")
@@ -374,7 +380,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """``kvclaims explain``: one tenant's post-incident explanation."""
     from kvclaims.explaining import explain
 
-    with open_audit(args, args.paths, "explain") as audit:
+    if args.dataset is not None:
+        from kvclaims.reconstruct.fleet import open_dataset_audit
+
+        if args.paths:
+            raise InputError("give either RUN_DIR... or --dataset DIR, not both")
+        source = open_dataset_audit(args.dataset, args.run)
+    elif args.run:
+        raise InputError("--run needs --dataset DIR")
+    else:
+        source = open_audit(args, args.paths, "explain")
+    with source as audit:
         text = explain(audit, args.tenant, claim=args.claim,
                        request=args.request).render(args.format)
     _write(args.out, text)

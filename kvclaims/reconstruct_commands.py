@@ -103,16 +103,25 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
         import pyspark  # noqa: F401
     except ImportError:
         raise InputError("--engine spark needs pyspark: pip install 'kvclaims[spark]'") from None
-    result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
-                                     memory_limit=args.memory_limit or "1GB")
+    from kvclaims.progress import Progress
+
+    # NOTE: the key counts runs, so the "time left" estimate compares like with like
+    with Progress("reconstruct --engine spark", quiet=bool(args.json),
+                  key=f"reconstruct spark x{len(args.paths)}") as progress:
+        result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
+                                         memory_limit=args.memory_limit or "1GB",
+                                         progress=progress.stage)
     if args.json:
         print(json.dumps({"dataset": str(result.out), "runs": result.runs,
-                          "seconds": result.seconds}, indent=2, default=str))
+                          "seconds": result.seconds, "duckdb_fallbacks": result.fallbacks},
+                         indent=2, default=str))
     else:
         print(f"reconstructed {len(result.runs)} run(s) on Spark: {result.events} events in "
               f"{result.seconds:.1f} s -> {result.out}/<table>/date=*/run_id=*/")
         for row in result.errors:
             print(f"  {row['run_id']}: error: {row['error']}", file=sys.stderr)
+        for line in result.fallbacks:  # run on Spark, per run, in DuckDB (docs/fleet.md)
+            print(f"  per-run DuckDB: {line}", file=sys.stderr)
     return 3 if result.errors else 0
 
 
