@@ -211,13 +211,19 @@ def _grow1(buf: np.ndarray, used: int, need: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _home(h: np.uint64, mask: int) -> int:
+    """Where content hash ``h`` starts probing in a table of ``mask + 1`` entries."""
+    return int((h * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+
+
+@numba.njit(cache=True)
 def hash_index(keys: np.ndarray, vals: np.ndarray, hused: np.ndarray, h: np.uint64) -> int:
     """Dense index of content hash ``h`` (open addressing; the table is never full).
 
     ``hused``: [indices handed out so far, free indices n_free, the free indices...]; a new
     hash takes a free index first."""
     mask = keys.shape[0] - 1
-    i = int((h * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+    i = _home(h, mask)
     while True:
         v = vals[i]
         if v < 0:
@@ -266,7 +272,7 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
     for j in range(hkeys.shape[0]):
         v = hvals[j]
         if v >= 0 and live[v]:
-            i = int((hkeys[j] * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+            i = _home(hkeys[j], mask)
             while vals[i] >= 0:
                 i = (i + 1) & mask
             keys[i] = hkeys[j]
@@ -959,7 +965,7 @@ class _Run:
         self.block_map: dict[int, int] | None = None
         self.hkeys = np.zeros(1024, dtype=np.uint64)
         self.hvals = np.full(1024, -1, dtype=np.int64)
-        self.hused = np.zeros(2 + 512, dtype=np.int64)
+        self.hused = np.zeros(2, dtype=np.int64)   # no free index before a rebuild
         self.HS = self._new_hashes(512)
 
     @staticmethod
