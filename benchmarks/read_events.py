@@ -90,7 +90,8 @@ def main() -> None:
 
         def floor_parquet() -> int:
             return sum(b.num_rows for b in
-                       pq.ParquetFile(str(run / SEALED_NAME)).iter_batches(batch_size=65536))
+                       pq.ParquetFile(str(run / SEALED_NAME), pre_buffer=False).iter_batches(
+                           batch_size=65536))
 
         def loader(sealed: bool) -> Callable[[], int]:
             return lambda: sum(b.num_rows for b in iter_batches([run], sealed=sealed))

@@ -385,14 +385,14 @@ class StreamedInput:
 
 def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordBatch]]:
     """The labelling pass's source: a run's events, straight from its Parquet file."""
-    import pyarrow.parquet as pq
+    from kvclaims.reconstruct import loader
 
     def batches(run_id: str) -> Iterator[pa.RecordBatch]:
         path = files.get(run_id)
         if path is None:
             return iter(())
         # NOTE: ``event`` decoded as a dictionary: the pass codes it per distinct name anyway
-        return pq.ParquetFile(str(path), read_dictionary=["event"]).iter_batches(
+        return loader.parquet_file(path, read_dictionary=["event"]).iter_batches(
             batch_size=1 << 16, columns=list(labels.PASS_COLUMNS))
     return batches
 
@@ -400,11 +400,9 @@ def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordB
 def _copy_prefix(sealed: Path, rows: int, writer: Any) -> None:
     """Copy the first ``rows`` events of a sealed file (read and checked before it turned out
     damaged further on) into ``writer``."""
-    import pyarrow.parquet as pq
-
     from kvclaims.reconstruct import loader
 
-    pf = pq.ParquetFile(str(sealed), page_checksum_verification=True)
+    pf = loader.parquet_file(sealed, page_checksum_verification=True)
     for batch in pf.iter_batches(batch_size=1 << 16):
         if rows <= 0:
             break
@@ -531,12 +529,10 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
 
 
 def _read_files(paths: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    import pyarrow.parquet as pq
-
     from kvclaims.reconstruct import loader
 
     for p in paths:
-        for batch in pq.ParquetFile(p).iter_batches(batch_size=1 << 16):
+        for batch in loader.parquet_file(p).iter_batches(batch_size=1 << 16):
             yield pa.RecordBatch.from_arrays(batch.columns, schema=loader.EVENTS_SCHEMA)
 
 

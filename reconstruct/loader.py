@@ -690,16 +690,27 @@ def _sealed_entry(run: RunDir) -> dict[str, Any] | None:
     return sealed if path.is_file() else None
 
 
+def parquet_file(path: str | Path, **options: Any) -> Any:
+    """A ``pq.ParquetFile`` to stream batches from (``iter_batches``), in bounded memory.
+
+    NOTE: ``pre_buffer=False``: with pyarrow's default, ``iter_batches`` keeps every column
+    chunk it pre-buffered until the iterator ends, so memory grows with the file (measured:
+    ~6 bytes per event, 180 MB by the end of a 30 M-event run); without it memory stays one
+    row group, at no CPU cost.
+    """
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(str(path), pre_buffer=False, **options)
+
+
 def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     """Yield the batches of a run's ``events.parquet`` (checked like segment batches).
 
     Raises ``TraceError`` when it disagrees with the manifest, and pyarrow/OS errors for a
     damaged file (page checksums are verified); ``read_run`` then falls back to the segments.
     """
-    import pyarrow.parquet as pq
-
     path = run.path / SEALED_NAME
-    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
+    pf = parquet_file(path, page_checksum_verification=True)
     listed = sum(s.get("events") or 0 for s in run.manifest["segments"])
     if pf.metadata.num_rows != sealed["events"] or pf.metadata.num_rows != listed:
         raise TraceError(f"{path}: holds {pf.metadata.num_rows} events, the manifest says "

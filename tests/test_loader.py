@@ -14,7 +14,7 @@ from kvclaims.recorder.buffer import EventBuffer
 from kvclaims.recorder.schema import ARROW_SCHEMA, COLUMNS, SCHEMA_VERSION
 from kvclaims.recorder.trace_writer import RunWriter, segment_name
 from kvclaims.reconstruct.loader import (EVENTS_SCHEMA, TraceError, batch_reader, iter_batches,
-                                load_runs, scan_stream)
+                                         load_runs, parquet_file, scan_stream)
 
 
 def _record(run_dir: Path, run_id: str = "r1", n: int = 30, *, batch_events: int = 10,
@@ -477,3 +477,35 @@ def test_a_sealed_file_failing_midway_resumes_from_the_segments_without_duplicat
     trace = load_runs([run])
     assert trace.events.column("seq").to_pylist() == list(range(30))
     assert any("sealed copy unusable" in t for t in trace.truncations) and trace.holes == []
+
+
+def _incompressible_parquet(path: Path, row_groups: int = 24, rows: int = 50_000) -> int:
+    """A Parquet file of random int64s in ``row_groups`` groups; returns one group's bytes."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(7)
+    with pq.ParquetWriter(str(path), pa.schema([("v", pa.int64())])) as writer:
+        for _ in range(row_groups):
+            writer.write_table(pa.table({"v": rng.integers(0, 2**62, rows)}))
+    return rows * 8
+
+
+def _peak_allocated_while_streaming(pf: Any) -> int:
+    base, peak = pa.total_allocated_bytes(), 0
+    for _batch in pf.iter_batches(batch_size=10_000):
+        peak = max(peak, pa.total_allocated_bytes() - base)
+    return peak
+
+
+def test_streaming_a_parquet_file_holds_a_few_row_groups_not_the_file(tmp_path: Path) -> None:
+    group = _incompressible_parquet(tmp_path / "e.parquet")   # 24 row groups
+    assert _peak_allocated_while_streaming(parquet_file(tmp_path / "e.parquet")) < 6 * group
+
+
+def test_pyarrow_default_reader_holds_what_it_has_read_until_the_end(tmp_path: Path) -> None:
+    # the twin: why parquet_file turns pre-buffering off (memory grew with the file)
+    import pyarrow.parquet as pq
+
+    group = _incompressible_parquet(tmp_path / "e.parquet")
+    assert _peak_allocated_while_streaming(pq.ParquetFile(str(tmp_path / "e.parquet"))) > 12 * group
