@@ -848,6 +848,8 @@ _MASKED: Final[dict[str, Callable[[str], bool]]] = {
 }
 # Rows of pass outputs held before they go to DuckDB in one INSERT per table.
 FLUSH_ROWS: Final[int] = 500_000
+# Claim instances whose slots are filled at once when a run's slot table is built.
+SLOT_FILL_INSTANCES: Final[int] = 1 << 20
 
 # NOTE: only for a connection whose events are not in files (core.reconstruct on a table)
 _RUN_SQL: Final[str] = (f"SELECT {', '.join(PASS_COLUMNS)} FROM events WHERE run_id = $rid "
@@ -946,10 +948,14 @@ class _Run:
         # NOTE: int32 (a run's slots and instances stay below 2**31): the slot table is the
         # pass's largest state, one row per declared position of every claim of the run
         self.SL = np.full((max(1, nslots), 5), -1, dtype=np.int32)
-        if nslots:
-            inst = np.repeat(np.arange(ni, dtype=np.int64), self.nsl)
-            self.SL[:nslots, S_INST] = inst
-            self.SL[:nslots, S_POS] = np.arange(nslots, dtype=np.int64) - self.off[inst]
+        # NOTE: filled a chunk of instances at a time: whole-run int64 temporaries would
+        # briefly take four times the table itself
+        for i0 in range(0, ni, SLOT_FILL_INSTANCES):
+            i1 = min(ni, i0 + SLOT_FILL_INSTANCES)
+            s0, s1 = int(self.off[i0]), int(self.off[i1 - 1] + self.nsl[i1 - 1])
+            inst = np.repeat(np.arange(i0, i1, dtype=np.int64), self.nsl[i0:i1])
+            self.SL[s0:s1, S_INST] = inst
+            self.SL[s0:s1, S_POS] = np.arange(s0, s1, dtype=np.int64) - self.off[inst]
         self.IS = np.zeros((max(1, ni), 9), dtype=np.int64)
         self.IS[:, I_PRED_FROM] = -1
         self.IS[:, I_BREAK] = -1

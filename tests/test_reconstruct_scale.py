@@ -37,6 +37,7 @@ def test_small_memory_limit_and_windows_equal_in_memory(run_dir: Path, tmp_path:
     assert held > 64 * 2**20, "the trace must not fit in the memory limit tested"
 
     monkeypatch.setattr(labels, "WINDOW_ROWS", 50_000)   # ~20 windows: carried pass state
+    monkeypatch.setattr(labels, "SLOT_FILL_INSTANCES", 7)   # the slot table built in pieces
     small = open_audit([run_dir], memory_limit=MEMORY_LIMIT, temp_directory=tmp_path / "spill",
                        threads=1, reuse=False, lock=False, views=False)
     spilled = small.con.sql(
