@@ -53,7 +53,7 @@ import os
 import threading
 import time
 import weakref
-from itertools import chain, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, Final
 
@@ -132,48 +132,6 @@ class _Staged(int):
     __slots__ = ()
 
 
-class _FlatGroup(tuple):
-    """The fields slot of a moved staged group: ``(flat, lens)``, the group's entries
-    concatenated into one list and each entry's length, in staging order.
-
-    NOTE: why not the list of entry tuples: every tuple the engine builds and keeps until the
-    writer drains counts towards the cyclic GC's next collection (on whichever thread
-    allocates next, usually the engine's); flattening at the move frees them, so a hook
-    call's entry costs the collector nothing once its step is moved (two lists per step
-    survive instead of one tuple per hook call). ``lens`` keeps every entry's extent exact,
-    so a malformed entry is still one entry (gapped, the rest keep their seqs).
-    """
-
-    __slots__ = ()
-
-
-def _group_entries(fields: Any) -> Any:
-    """The staged entries of a group's fields slot (a ``_FlatGroup`` or a list of entries)."""
-    if fields.__class__ is not _FlatGroup:
-        return fields
-    flat, lens = fields
-    entries = []
-    add = entries.append
-    start = 0
-    for size in lens:
-        stop = start + size
-        add(flat[start:stop])
-        start = stop
-    return entries
-
-
-def _flatten(group: list[Any]) -> Any:
-    """``group`` as a ``_FlatGroup`` (every entry a tuple), else ``group`` itself."""
-    try:
-        if set(map(type, group)) != _TUPLE_ONLY:  # NOTE: C-level; the hooks stage tuples
-            return group
-        lens = list(map(len, group))
-        return _FlatGroup((list(chain.from_iterable(group)), lens))
-    except Exception:  # noqa: BLE001 - a malformed entry: keep the group as it was
-        return group
-
-
-_TUPLE_ONLY: Final[set[type]] = {tuple}
 _STAGED_N = itemgetter(1)
 _MALFORMED: Final[str] = "malformed_staged_entry"  # no event has it: the entry is gapped
 
@@ -232,7 +190,7 @@ def _unstage(pending: PendingLists) -> PendingLists:
             o_ev(event)
             o_f(fields)
             continue
-        for entry in _group_entries(fields):
+        for entry in fields:
             n = _staged_len(entry)
             try:
                 entry_ts = entry[2]
@@ -616,7 +574,7 @@ class EventBuffer:
             return
         seq = st.next_seq
         st.next_seq = seq + n
-        self._append(seq, ts, event, _flatten(group))  # type: ignore[arg-type]
+        self._append(seq, ts, event, group)  # type: ignore[arg-type]
         if k >= self._batch_events - 1:
             self._wake.set()
 
