@@ -345,6 +345,8 @@ class RecordingKVCacheManager:
                     admit = True
             except Exception as exc:  # noqa: BLE001 - fail open: vLLM decides alone
                 kvc.kvc_failed("kvc_admit", exc)
+                # NOTE: never another request's decision: what the arbiter did not say is null
+                kvc.kvc_pending_admission = {"request_id": request.request_id}
                 admit = True
             if not admit:
                 return None
