@@ -100,6 +100,7 @@ class ClaimArbiter:
         # kept current by ``_update_flags`` whenever a claim starts or ends.
         self.watched: dict[Hashable, list[tuple[Claim, int]]] = self._by_hash
         self.pins: dict[int, set[str]] = self._pins
+        self.deferrals: dict[str, tuple[int, float]] = self._deferrals
         self.has_soft_claims = False
         self.has_deadlines = False
         self._tenant_blocks: dict[str | None, int] = {}  # blocks claimed by protecting claims
@@ -382,13 +383,13 @@ class ClaimArbiter:
         defer or refuse, and only because of protected blocks: with none, or for a request
         that would not fit even an empty pool, vLLM's own behaviour applies.
         """
-        fields = {"request_id": request_id, "blocks_required": blocks_required,
-                  "free_blocks": free_blocks, "usable_blocks": self.usable_blocks}
         if not self.policy.enforce or not self._pins or blocks_required > self.usable_blocks:
             if self._deferrals:
                 self._deferrals.pop(request_id, None)
-            fields["protected_blocks"] = len(self._pins)
-            return Admission("admit", fields)
+            return Admission("admit", self.admitted_fields(request_id, blocks_required,
+                                                           free_blocks))
+        fields = {"request_id": request_id, "blocks_required": blocks_required,
+                  "free_blocks": free_blocks, "usable_blocks": self.usable_blocks}
         shortfall = len(self._pins) + blocks_required - self.usable_blocks
         if shortfall > 0:
             for claim in self._demotion_plan(shortfall):
@@ -408,6 +409,19 @@ class ClaimArbiter:
         self._deferrals[request_id] = (steps + 1, since)
         # NOTE: only the first deferral is news; later steps of the same wait are not events.
         return Admission("defer" if steps == 0 else "wait", fields)
+
+    def admitted_fields(self, request_id: str, blocks_required: int,
+                        free_blocks: int) -> dict[str, Any]:
+        """``request_admitted``'s fields for a request admitted with nothing to decide.
+
+        NOTE: with no block pinned and no request deferred (``pins`` and ``deferrals``
+        empty) ``admit`` always answers "admit" with exactly these fields, so the engine's
+        admission hook calls this alone then (``RecordingKVCacheManager``); a new dict each
+        call (the buffer stages it as is).
+        """
+        return {"request_id": request_id, "blocks_required": blocks_required,
+                "free_blocks": free_blocks, "usable_blocks": self.usable_blocks,
+                "protected_blocks": len(self._pins)}
 
     def _demotion_plan(self, shortfall: int) -> list[Claim]:
         """The fewest demotable claims (lowest value first) whose blocks cover the shortfall."""

@@ -155,25 +155,48 @@ def layout(scalars: tuple[str, ...], columns: tuple[str, ...]) -> tuple[tuple[st
     return (tuple(scalars), tuple(columns))
 
 
-def _layout_pairs(entry: tuple[Any, ...], n: int) -> tuple[tuple[str, Any], ...]:
-    """``emit_many``'s ``(name, value)`` pairs of a staged entry for ``n`` events.
+def _layout_fields(entry: tuple[Any, ...], n: int) -> dict[str, Any]:
+    """The fields of a staged entry for ``n`` events: each scalar once, each column as the
+    tuple of its ``n`` values (``emit_many``'s fields, as a dict).
 
     A malformed entry (a value count that does not match its layout) gets a field no event
     carries, so the writer drops it and covers its seqs with a ``recorder_gap``.
+
+    NOTE: runs on the writer thread, but every container it builds lives until the chunk is
+    written, and each counts towards the cyclic GC's next collection, which often falls on the
+    engine's thread: one dict plus one tuple per column per entry (no ``(name, value)`` pair
+    tuples, no copy of the values).
     """
     spec = entry[3]
     if spec.__class__ is not tuple or len(spec) != 2:
-        return ((_MALFORMED, 0),)
+        return {_MALFORMED: 0}
     scalars, columns = spec
-    values = entry[4:]
     k = len(scalars)
-    if len(values) != k + n * len(columns):
-        return ((_MALFORMED, len(values)),)
-    pairs = list(zip(scalars, values[:k]))
-    for j, name in enumerate(columns):
-        start = k + j * n
-        pairs.append((name, values[start:start + n]))
-    return tuple(pairs)
+    if len(entry) != 4 + k + n * len(columns):
+        return {_MALFORMED: len(entry) - 4}
+    fields = dict(zip(scalars, entry[4:4 + k]))
+    start = 4 + k
+    for name in columns:
+        fields[name] = entry[start:start + n]
+        start += n
+    return fields
+
+
+# NOTE: one ``(event, n)`` slot per distinct pair, shared by every entry that has it: looking
+# one up builds a temporary tuple (freed at once), keeping one per entry would not be
+_EVENT_SLOTS: dict[tuple[Any, int], tuple[Any, int]] = {}
+_MAX_EVENT_SLOTS: Final[int] = 65536
+
+
+def _event_slot(name: Any, n: int) -> tuple[Any, int]:
+    """The shared ``(name, n)`` event slot of an ``n``-event entry."""
+    key = (name, n)
+    slot = _EVENT_SLOTS.get(key)
+    if slot is None:
+        if len(_EVENT_SLOTS) >= _MAX_EVENT_SLOTS:
+            _EVENT_SLOTS.clear()
+        slot = _EVENT_SLOTS[key] = key
+    return slot
 
 
 def _unstage(pending: PendingLists) -> PendingLists:
@@ -197,9 +220,9 @@ def _unstage(pending: PendingLists) -> PendingLists:
                 if entry[3].__class__ is dict and n == 1:  # one event: (event, 1, ts, fields)
                     name, entry_fields = entry[0], entry[3]
                 else:  # n events: (event, n, ts, layout, *scalars, *column, *column, ...)
-                    name, entry_fields = (entry[0], n), _layout_pairs(entry, n)
+                    name, entry_fields = _event_slot(entry[0], n), _layout_fields(entry, n)
             except Exception:  # noqa: BLE001 - a malformed entry: dropped and gapped
-                entry_ts, name, entry_fields = t, (_MALFORMED, n), ((_MALFORMED, 0),)
+                entry_ts, name, entry_fields = t, (_MALFORMED, n), {_MALFORMED: 0}
             o_seq(seq)
             o_ts(entry_ts)
             o_ev(name)

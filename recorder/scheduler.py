@@ -304,9 +304,15 @@ class KVClaimsMixin:
         self.kvc_stage(("request_admitted", 1, _now(), self.kvc_pending_admission))
         self.kvc_admitted_cached_tokens[request.request_id] = \
             int(kwargs.get("num_new_computed_tokens", args[0] if args else 0) or 0)
-        hits = _hit_blocks(_computed_blocks(args, kwargs))
-        if not hits:
+        # NOTE: _hit_blocks(_computed_blocks(...)) inlined for vLLM's own call (a keyword)
+        computed = kwargs.get("new_computed_blocks") if "new_computed_blocks" in kwargs \
+            else _computed_blocks(args, kwargs)
+        if computed is None:
             return
+        groups = getattr(computed, "blocks", None)
+        if not groups or not groups[0]:
+            return
+        hits = list(groups[0])
         pool = self.kv_cache_manager.block_pool
         keys = list(map(pool.kvc_hash, hits))
         ids = tuple(map(_BLOCK_ID, hits))

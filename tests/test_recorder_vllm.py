@@ -195,7 +195,7 @@ class ExplodingArbiterScheduler:
             raise RuntimeError("injected arbiter failure")
 
         sched = KVClaimsScheduler(*args, **kwargs)
-        for name in ("on_resident_many", "on_lost_many", "admit"):
+        for name in ("on_resident_many", "on_lost_many", "admit", "admitted_fields"):
             setattr(sched.kvc_arbiter, name, boom)
         return sched
 
