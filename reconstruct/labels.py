@@ -267,7 +267,7 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
     while cap < 4 * (n_live + 16):
         cap *= 2
     keys = np.zeros(cap, dtype=np.uint64)
-    vals = np.full(cap, -1, dtype=np.int64)
+    vals = np.full(cap, -1, dtype=hvals.dtype)
     mask = cap - 1
     for j in range(hkeys.shape[0]):
         v = hvals[j]
@@ -280,10 +280,10 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
     rows = max(HS.shape[0], 2 * n_live + 32)
     hs = HS
     if rows > HS.shape[0]:
-        hs = np.zeros((rows, 6), dtype=np.int64)
+        hs = np.zeros((rows, 6), dtype=HS.dtype)
         hs[:, H_HEAD] = -1
         hs[:HS.shape[0]] = HS
-    used = np.zeros(2 + rows, dtype=np.int64)
+    used = np.zeros(2 + rows, dtype=hused.dtype)
     used[0] = n_old
     nf = 0
     for i in range(n_old - 1, -1, -1):   # low indices are handed out first
@@ -970,13 +970,15 @@ class _Run:
         self.BS = np.zeros((0, 7), dtype=np.int64)
         self.block_map: dict[int, int] | None = None
         self.hkeys = np.zeros(1024, dtype=np.uint64)
-        self.hvals = np.full(1024, -1, dtype=np.int64)
-        self.hused = np.zeros(2, dtype=np.int64)   # no free index before a rebuild
+        # NOTE: int32 (a run's live hashes stay below 2**31): the hash table and the per-hash
+        # state grow with the content resident or bound, the pass's largest state on long runs
+        self.hvals = np.full(1024, -1, dtype=np.int32)
+        self.hused = np.zeros(2, dtype=np.int32)   # no free index before a rebuild
         self.HS = self._new_hashes(512)
 
     @staticmethod
     def _new_hashes(n: int) -> np.ndarray:
-        hs = np.zeros((n, 6), dtype=np.int64)
+        hs = np.zeros((n, 6), dtype=np.int32)
         hs[:, H_HEAD] = -1
         return hs
 
