@@ -80,6 +80,19 @@ def _call_floor(events: list[tuple[str, dict]]) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_flush(buf: EventBuffer) -> float:
+    """Seconds one ``flush`` takes (the writer's conversion of what is buffered)."""
+    t0 = time.perf_counter()
+    buf.flush()
+    return time.perf_counter() - t0
+
+
+def _close_clean(buf: EventBuffer) -> None:
+    """Close ``buf``; a run that dropped events or hit recorder errors measured nothing."""
+    buf.close()
+    assert buf.events_dropped == 0 and buf.recorder_errors == 0
+
+
 def hot_path(events: list[tuple[str, dict]], run: Path, chunk: int = 50_000) -> tuple[float, float]:
     """Median emit() cost per event over chunks, flushing (untimed) between chunks.
 
@@ -95,11 +108,8 @@ def hot_path(events: list[tuple[str, dict]], run: Path, chunk: int = 50_000) -> 
     for start in range(0, len(events), chunk):
         part = events[start:start + chunk]
         per_event.append(_emit_all(buf, part) / len(part))
-        t0 = time.perf_counter()
-        buf.flush()
-        flush_s += time.perf_counter() - t0
-    buf.close()
-    assert buf.events_dropped == 0 and buf.recorder_errors == 0
+        flush_s += _timed_flush(buf)
+    _close_clean(buf)
     return statistics.median(per_event) * 1e9, len(events) / flush_s
 
 
@@ -145,8 +155,7 @@ def hot_path_many(events: list[tuple[str, dict]], run: Path, chunk: int = 50_000
             emit_many(name, count, cols)
         per_event.append((time.perf_counter() - t0) / n)
         buf.flush()
-    buf.close()
-    assert buf.events_dropped == 0 and buf.recorder_errors == 0
+    _close_clean(buf)
     return statistics.median(per_event) * 1e9
 
 
@@ -185,11 +194,8 @@ def hot_path_staged(events: list[tuple[str, dict]], run: Path, chunk: int = 50_0
                 step()
         step()
         per_event.append((time.perf_counter() - t0) / n)
-        t0 = time.perf_counter()
-        buf.flush()
-        flush_s += time.perf_counter() - t0
-    buf.close()
-    assert buf.events_dropped == 0 and buf.recorder_errors == 0
+        flush_s += _timed_flush(buf)
+    _close_clean(buf)
     return statistics.median(per_event) * 1e9, len(events) / flush_s
 
 
