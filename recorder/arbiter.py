@@ -416,8 +416,8 @@ class ClaimArbiter:
 
         NOTE: with no block pinned and no request deferred (``pins`` and ``deferrals``
         empty) ``admit`` always answers "admit" with exactly these fields, so the engine's
-        admission hook calls this alone then (``RecordingKVCacheManager``); a new dict each
-        call (the buffer stages it as is).
+        admission calls this alone then (``KVClaimsMixin.kvc_admit``); a new dict each call
+        (the buffer stages it as is).
         """
         return {"request_id": request_id, "blocks_required": blocks_required,
                 "free_blocks": free_blocks, "usable_blocks": self.usable_blocks,

@@ -332,17 +332,8 @@ class RecordingKVCacheManager:
         kvc = self.kvc_sched
         admitting = request.request_id not in kvc.kvc_to_refuse
         if admitting:
-            arbiter = kvc.kvc_arbiter
             try:
-                if arbiter.pins or arbiter.deferrals:
-                    admit = kvc.kvc_admit(request, args, kwargs)
-                else:
-                    # NOTE: nothing pinned, nobody deferred: the arbiter can only admit
-                    # (``ClaimArbiter.admitted_fields``), so skip the decision's frames
-                    kvc.kvc_pending_admission = arbiter.admitted_fields(
-                        request.request_id, -(-request.num_tokens // kvc.block_size),
-                        self.kvc_pool.get_num_free_blocks())  # type: ignore[attr-defined]
-                    admit = True
+                admit = kvc.kvc_admit(request, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - fail open: vLLM decides alone
                 kvc.kvc_failed("kvc_admit", exc)
                 # NOTE: never another request's decision: what the arbiter did not say is null

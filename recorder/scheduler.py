@@ -262,13 +262,18 @@ class KVClaimsMixin:
         arguments vLLM passed after ``num_new_tokens``).
         """
         arbiter = self.kvc_arbiter
-        pinned_hits = 0
+        pool = self.kv_cache_manager.block_pool
+        required = -(-request.num_tokens // self.block_size)
         pinned = bool(arbiter.pins)
+        if not pinned and not arbiter.deferrals:
+            # NOTE: nothing pinned, nobody deferred: the arbiter can only admit, with exactly
+            # ``ClaimArbiter.admitted_fields`` (no decision object to build)
+            self.kvc_pending_admission = arbiter.admitted_fields(
+                request.request_id, required, pool.get_num_free_blocks())
+            return True
         if pinned:
             hits = _hit_blocks(_computed_blocks(args, kwargs))
-            pinned_hits = sum(1 for b in hits if arbiter.is_protected(b.block_id))
-        required = -(-request.num_tokens // self.block_size) - pinned_hits
-        pool = self.kv_cache_manager.block_pool
+            required -= sum(1 for b in hits if arbiter.is_protected(b.block_id))
         decision = arbiter.admit(request.request_id, required, pool.get_num_free_blocks())
         if decision.action == "admit":
             # NOTE: free_blocks after any demotion the decision made (the decision's own
@@ -304,15 +309,9 @@ class KVClaimsMixin:
         self.kvc_stage(("request_admitted", 1, _now(), self.kvc_pending_admission))
         self.kvc_admitted_cached_tokens[request.request_id] = \
             int(kwargs.get("num_new_computed_tokens", args[0] if args else 0) or 0)
-        # NOTE: _hit_blocks(_computed_blocks(...)) inlined for vLLM's own call (a keyword)
-        computed = kwargs.get("new_computed_blocks") if "new_computed_blocks" in kwargs \
-            else _computed_blocks(args, kwargs)
-        if computed is None:
+        hits = _hit_blocks(_computed_blocks(args, kwargs))
+        if not hits:
             return
-        groups = getattr(computed, "blocks", None)
-        if not groups or not groups[0]:
-            return
-        hits = list(groups[0])
         pool = self.kv_cache_manager.block_pool
         keys = list(map(pool.kvc_hash, hits))
         ids = tuple(map(_BLOCK_ID, hits))
