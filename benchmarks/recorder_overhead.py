@@ -1,14 +1,22 @@
 """The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
 
-Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 3] [--shapes prefix,multiturn,short]
-[--writer-only | --engine-only]`` (in-process engines; ~10 min on 2 shared cores).
+Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4] [--shapes prefix,multiturn,short]
+[--writer-only | --engine-only]`` (in-process engines; ~5 min per shape on 2 shared cores).
 
-Engine part. One in-process vLLM CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) per run, with
-vLLM's plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims, and the
-recorder under ``hard_protected`` with claims (``hard``); the configurations alternate, ``--rounds``
-times. Timed: CPU time of the engine thread (``time.thread_time_ns``) inside ``schedule()`` and
-``update_from_output()``: the scheduler's own work with every recorder hook in it, not the model,
-not the writer thread. Wall time on a shared CPU is too noisy for a few percent. Three shapes:
+Engine part. Real in-process vLLM CPU engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM's
+plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims, and the recorder
+under ``hard_protected`` with claims (``hard``). Timed: CPU time of the engine thread
+(``time.thread_time_ns``) inside ``schedule()`` and ``update_from_output()``: the scheduler's own
+work with every recorder hook in it, not the model, not the writer thread.
+
+Paired rounds. Each round builds two engines in one process, vanilla vLLM and one
+configuration, and steps them in turn on the same workload (the order reversed at each turn), so
+the machine's drift hits both alike: on this shared VM the same plain run's scheduler time moved
+2.5x between whole runs minutes apart, far more than the recorder's cost. Whichever engine steps
+first in a round measures a few percent slower, so the first position alternates between rounds
+and rounds are averaged in pairs (one each way). ``plain`` against ``plain`` is the null
+control: its added time is the table's resolution. ``--rounds`` rounds per configuration (made
+even), after one discarded warm-up round. Three shapes:
 
 - ``prefix``: 400 requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks, 160
   usable blocks: heavy eviction (the shape of issue 9);
@@ -20,7 +28,8 @@ not the writer thread. Wall time on a shared CPU is too noisy for a few percent.
   tokens), 48 at a time over 200 usable blocks: many arrivals and finishes, few hits, little
   eviction (the recorder's fixed per-request cost).
 
-Per-event cost = (recorder's scheduler CPU - plain's) / events recorded, medians over rounds.
+Per-event cost = median over balanced pairs of (configuration's scheduler CPU - plain's) /
+events recorded; ratio = median over balanced pairs of configuration / plain.
 
 ``--lockstep``: the same shapes without engines: vLLM's ``Scheduler`` and the recorder's, built
 by vLLM's own test helper (``create_scheduler`` from its source distribution, fetched as
@@ -54,8 +63,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 _clock = time.thread_time_ns
-SPENT = [0]
-STEPS = [0]
+SPENT: dict[str, int] = {}  # scheduler CPU ns per timed engine
+STEPS: dict[str, int] = {}
 CONFIGS = ("plain", "native", "hard")
 POLICY = {"plain": None, "native": "native", "hard": "hard_protected",
           "write_no_admit": "write_no_admit"}  # the last: the tests' negative control
@@ -133,35 +142,36 @@ def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
 SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape}
 
 
-# -- one engine run ---------------------------------------------------------------------------
+# -- real engines ----------------------------------------------------------------------------
 
-def timed(base: type) -> type:
-    """``base`` with the engine thread's CPU time in schedule()/update_from_output() counted."""
+def timed(base: type, key: str = "run") -> type:
+    """``base`` with the engine thread's CPU time in schedule()/update_from_output() counted
+    under ``key`` (in ``SPENT``; scheduler steps in ``STEPS``)."""
 
     class Timed(base):  # type: ignore[misc, valid-type]
         def schedule(self, *a: Any, **k: Any) -> Any:
-            STEPS[0] += 1
+            STEPS[key] += 1
             t0 = _clock()
             try:
                 return super().schedule(*a, **k)
             finally:
-                SPENT[0] += _clock() - t0
+                SPENT[key] += _clock() - t0
 
         def update_from_output(self, *a: Any, **k: Any) -> Any:
             t0 = _clock()
             try:
                 return super().update_from_output(*a, **k)
             finally:
-                SPENT[0] += _clock() - t0
+                SPENT[key] += _clock() - t0
 
     Timed.__name__ = f"Timed{base.__name__}"
     return Timed
 
 
-def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
-               async_scheduling: bool = False) -> dict[str, Any]:
-    """One fresh in-process engine; the scheduler's CPU seconds, events, steps, and each
-    request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client.
+def build_engine(config: str, usable: int, out: Path, key: str, *,
+                 async_scheduling: bool = False) -> Any:
+    """A fresh in-process engine for ``config`` whose scheduler time counts under ``key``; its
+    ``Driver``.
 
     ``async_scheduling``: vLLM's ``AsyncScheduler`` and the recorder over it (a GPU engine;
     the CPU build resolves async scheduling to off).
@@ -179,64 +189,122 @@ def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
     # variant by name, as a timed subclass is not upgraded by KVClaimsScheduler.__new__.
     base = ((AsyncScheduler if async_scheduling else Scheduler) if POLICY[config] is None
             else rs.KVClaimsAsyncScheduler if async_scheduling else rs.KVClaimsScheduler)
-
     policy = POLICY[config]
     args = engine_args(ensure_tiny_model(), usable,
                        {"out": str(out), "policy": policy or "native",
                         "run_id": f"bench-{config}", "max_defer_steps": 2})
-    args["scheduler_cls"] = timed(base)
+    args["scheduler_cls"] = timed(base, key)
     if async_scheduling:
         args["async_scheduling"] = True
     if policy is None:
         args.pop("additional_config")
-    engine = LLMEngine.from_engine_args(EngineArgs(**args))
-    driver = Driver(engine)
-    SPENT[0] = STEPS[0] = 0
-    try:
-        for phase in phases:
+    SPENT[key] = STEPS[key] = 0
+    return Driver(LLMEngine.from_engine_args(EngineArgs(**args)))
+
+
+def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]) -> None:
+    """Run every phase on every engine, stepping the engines in turn (the order reversed at
+    each turn, so each engine follows the other as often as itself)."""
+    order = list(drivers)
+    for phase in phases:
+        for key, driver in drivers.items():
             for name, prompt, claim, max_tokens in phase:
-                driver.submit(name, prompt, claim=claim if config == "hard" else None,
+                driver.submit(name, prompt, claim=claim if configs[key] == "hard" else None,
                               max_tokens=max_tokens)
-            driver.run()
-        spent = SPENT[0] / 1e9
-    finally:
-        engine.engine_core.shutdown()
+        while any(d.engine.has_unfinished_requests() for d in drivers.values()):
+            order.reverse()
+            for key in order:
+                if drivers[key].engine.has_unfinished_requests():
+                    drivers[key].step()
+
+
+def _result(key: str, config: str, driver: Any, out: Path) -> dict[str, Any]:
+    """Shut the engine down; its scheduler CPU seconds, events, steps and client view."""
+    driver.engine.engine_core.shutdown()
     events = 0
-    if policy is not None:
+    if POLICY[config] is not None:
         events = int(json.loads((out / "manifest.json").read_text())["events_written"])
-    return {"cpu_s": spent, "events": events, "steps": STEPS[0],
+    return {"cpu_s": SPENT[key] / 1e9, "events": events, "steps": STEPS[key],
             "cached": {o.name: o.num_cached_tokens for o in driver.outcomes.values()},
             "finish": {o.name: (o.finish_reason, o.num_output_tokens)
                        for o in driver.outcomes.values()}}
 
 
+def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
+               async_scheduling: bool = False) -> dict[str, Any]:
+    """One fresh in-process engine run alone; the scheduler's CPU seconds, events, steps, and
+    each request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client."""
+    driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling)
+    try:
+        _drive({"run": driver}, {"run": config}, phases)
+    except BaseException:
+        driver.engine.engine_core.shutdown()
+        raise
+    return _result("run", config, driver, out)
+
+
+def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
+                 plain_first: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Vanilla vLLM and ``config`` in one process, stepped in turn on the same workload;
+    (plain's result, config's result).
+
+    NOTE: whichever engine steps first in a turn is measured a few percent slower (measured
+    with plain against plain), so ``plain_first`` alternates between rounds and the table
+    averages rounds in position-balanced pairs.
+    """
+    keys = ("plain", "other") if plain_first else ("other", "plain")
+    configs = {"plain": "plain", "other": config}
+    drivers = {k: build_engine(configs[k], usable, out / k, k) for k in keys}
+    try:
+        _drive(drivers, configs, phases)
+    except BaseException:
+        for d in drivers.values():
+            d.engine.engine_core.shutdown()
+        raise
+    return (_result("plain", "plain", drivers["plain"], out / "plain"),
+            _result("other", config, drivers["other"], out / "other"))
+
+
+def _balanced(xs: list[float]) -> list[float]:
+    """Means of consecutive rounds (plain first, then second): the position bias cancels."""
+    return [(xs[i] + xs[i + 1]) / 2 for i in range(0, len(xs) - 1, 2)]
+
+
 def engine_table(shape: str, rounds: int, tmp: Path) -> list[str]:
-    """Alternate the configurations ``rounds`` times on one shape; the printed rows."""
+    """Paired rounds of plain vLLM against itself (the null control), ``native`` and ``hard`` on
+    one shape; the printed rows."""
     phases, usable = SHAPES[shape]()
     n = sum(len(p) for p in phases)
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-    for r in range(rounds):
-        order = CONFIGS[r % 3:] + CONFIGS[:r % 3]  # NOTE: rotate so no config is always first
-        for config in order:
-            res = run_engine(config, phases, usable, tmp / f"{shape}-{config}-{r}")
-            runs[config].append(res)
-            print(f"  {shape} round {r + 1}/{rounds} {config:6s} scheduler CPU "
-                  f"{res['cpu_s']:.3f} s, {res['events']:,} events, {res['steps']:,} steps",
+    rounds += rounds % 2  # NOTE: an even count: every pair of rounds balances the positions
+    # NOTE: the first engines built in a process run slower (imports, first compilation):
+    # one discarded round
+    paired_round("plain", phases, usable, tmp / f"{shape}-warmup", True)
+    rows = [f"shape {shape}: {n} requests, {usable} usable blocks; per configuration {rounds} "
+            f"rounds, each vanilla vLLM and the configuration stepped in turn in one process",
+            f"  {'config':<16}{'plain CPU s':>12}{'config CPU s':>13}{'added ms':>10}"
+            f"{'(min..max)':>16}{'events':>9}{'µs/event':>10}{'ratio':>7}{'same hits':>11}"]
+    for config in ("plain", "native", "hard"):
+        pairs = []
+        for r in range(rounds):
+            plain, other = paired_round(config, phases, usable, tmp / f"{shape}-{config}-{r}",
+                                        plain_first=r % 2 == 0)
+            pairs.append((plain, other))
+            print(f"  {shape} {config} round {r + 1}/{rounds}: plain {plain['cpu_s']:.3f} s, "
+                  f"{config} {other['cpu_s']:.3f} s, {other['events']:,} events",
                   file=sys.stderr, flush=True)
-    plain = statistics.median(x["cpu_s"] for x in runs["plain"])
-    same = all(x["cached"] == runs["plain"][0]["cached"] for x in runs["plain"] + runs["native"])
-    rows = [f"shape {shape}: {n} requests, {usable} usable blocks, {rounds} rounds; "
-            f"num_cached_tokens plain == native on every request: {same}",
-            f"  {'config':<8}{'sched CPU s':>12}{'(min-max)':>16}{'events':>10}{'steps':>8}"
-            f"{'µs/event':>10}{'ratio':>8}"]
-    for config in CONFIGS:
-        xs = [x["cpu_s"] for x in runs[config]]
-        med = statistics.median(xs)
-        events = int(statistics.median(x["events"] for x in runs[config]))
-        per_event = (f"{(med - plain) / events * 1e6:10.2f}" if events else f"{'-':>10}")
-        rows.append(f"  {config:<8}{med:12.3f}{f'({min(xs):.3f}-{max(xs):.3f})':>16}"
-                    f"{events:>10,}{int(statistics.median(x['steps'] for x in runs[config])):>8}"
-                    f"{per_event}{med / plain:8.2f}")
+        added = _balanced([o["cpu_s"] - p["cpu_s"] for p, o in pairs])
+        ratio = _balanced([o["cpu_s"] / p["cpu_s"] for p, o in pairs])
+        events = int(statistics.median(o["events"] for _, o in pairs))
+        med = statistics.median(added)
+        same = all(o["cached"] == p["cached"] for p, o in pairs) if config != "hard" else None
+        per_event = f"{med / events * 1e6:10.2f}" if events else f"{'-':>10}"
+        rows.append(
+            f"  {config if config != 'plain' else 'plain (null)':<16}"
+            f"{statistics.median(p['cpu_s'] for p, _ in pairs):12.3f}"
+            f"{statistics.median(o['cpu_s'] for _, o in pairs):13.3f}{med * 1e3:10.1f}"
+            f"{f'({min(added) * 1e3:.1f}..{max(added) * 1e3:.1f})':>16}{events:>9,}{per_event}"
+            f"{statistics.median(ratio):7.2f}{'-' if same is None else str(same):>11}")
+        print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
@@ -426,7 +494,7 @@ def writer_rows(args: argparse.Namespace, tmp: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the engine table per shape and the writer figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--shapes", default="prefix,multiturn,short")
     ap.add_argument("--engine-only", action="store_true")
     ap.add_argument("--lockstep", action="store_true",

@@ -245,3 +245,70 @@ def test_a_healthy_run_records_no_hook_failure(tmp_path: Path):
     assert scalar(tmp_path / "run", "SELECT count(*) FROM events "
                                     "WHERE event = 'hook_failed'") == 0
     assert read_manifest(tmp_path / "run")["hook_failures"] == 0
+
+
+# --- an allocation's losses: read from the popped blocks, as the per-key path finds them -------
+
+class ExactLossScheduler:
+    """A KVClaimsScheduler that always takes the per-key loss path (as while some block holds
+    a second hash): every key the index pops is collected by its hook."""
+
+    def __new__(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        from kvclaims.recorder.scheduler import KVClaimsScheduler
+
+        sched = KVClaimsScheduler(*args, **kwargs)
+        sched.kv_cache_manager.block_pool.kvc_extra_hashes = {"forced": True}
+        return sched
+
+
+class BlindQueueScheduler:
+    """Fault injection: the free queue's hook removed, so the fast path sees no popped hashes."""
+
+    def __new__(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        from kvclaims.recorder.scheduler import KVClaimsScheduler
+
+        sched = KVClaimsScheduler(*args, **kwargs)
+        queue = sched.kv_cache_manager.block_pool.free_block_queue
+        queue.__class__ = type(queue).__mro__[2]  # vLLM's FreeKVCacheBlockQueue
+        return sched
+
+
+def _evictions(out: Path, scheduler_cls: str) -> list[tuple]:
+    """Three requests through 16 blocks (the second evicts the first's cached blocks, the third
+    evicts the second's); every ``block_evicted`` row, with the evicting request's name and
+    each hash numbered by first appearance (each engine seeds its own hashes and request ids)."""
+    from vllm import EngineArgs, LLMEngine
+
+    from kvclaims.recorder.scenarios import Driver, engine_args, tokens
+    from kvclaims.recorder.tiny_model import ensure_tiny_model
+
+    args = engine_args(ensure_tiny_model(), 16, {"out": str(out), "run_id": "losses"})
+    args["scheduler_cls"] = scheduler_cls
+    engine = LLMEngine.from_engine_args(EngineArgs(**args))
+    driver = Driver(engine)
+    try:
+        for name, seed, blocks in (("a", 1, 6), ("b", 2, 14), ("c", 1, 9)):
+            driver.submit(name, tokens(seed, blocks))
+            driver.run()
+    finally:
+        engine.engine_core.shutdown()
+    names = {o.request_id: o.name for o in driver.outcomes.values()}
+    hashes: dict[int, int] = {}
+    return [(step, cause, names.get(by, by), block_id, hashes.setdefault(h, len(hashes)))
+            for step, cause, by, block_id, h in query(
+                out, "SELECT step, cause, by_request_id, block_id, block_hash FROM events "
+                     "WHERE event = 'block_evicted' ORDER BY seq")]
+
+
+def test_allocation_losses_are_the_keys_the_index_pops(tmp_path: Path):
+    fast = _evictions(tmp_path / "fast", "kvclaims.recorder.scheduler.KVClaimsScheduler")
+    exact = _evictions(tmp_path / "exact", "tests.test_recorder_vllm.ExactLossScheduler")
+    assert len(fast) >= 6 and {c for _, c, *_ in fast} == {"allocation"}
+    assert fast == exact
+
+
+def test_a_fast_path_blind_to_the_popped_blocks_is_told_apart(tmp_path: Path):
+    """Negative twin: without the free queue's hook the allocation's losses go unrecorded."""
+    exact = _evictions(tmp_path / "exact", "tests.test_recorder_vllm.ExactLossScheduler")
+    blind = _evictions(tmp_path / "blind", "tests.test_recorder_vllm.BlindQueueScheduler")
+    assert exact and blind != exact
