@@ -14,21 +14,17 @@ NOTE: invariants
   ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
 - per-block work in a hook is C-level passes (``map`` with ``attrgetter``, slices,
   ``list.count`` / ``in``), never a Python loop or a Python call per block, in the usual case;
-- an ordinary allocation's losses are the hashes its popped blocks held (read by the free
-  queue's ``popleft_n`` hook), not a Python frame per evicted key; while any block holds a
-  second hash, the index's ``pop`` hook collects them exactly instead;
 - the arbiter is called only for content bound to a claim in force (``arbiter.watched``);
 - every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
   (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
-  ``pop``, the free queue's ``popleft_n``) call vLLM's own method through a ``kvc_base_*``
-  class attribute (the base class's function, set by ``install`` / ``kvc_watch_index``)
-  rather than ``super()``, which builds a proxy object on every call.
+  ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
+  function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
+  proxy object on every call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import compress
 from operator import attrgetter
 from time import monotonic_ns as _now
 from typing import TYPE_CHECKING, Any
@@ -90,21 +86,20 @@ def cached_blocks(pool: Any, key: bytes) -> Iterable[Any]:
 class RecordingHashIndex:
     """Mixin over vLLM's ``BlockHashToBlockMap`` (the pool's prefix-cache index).
 
-    NOTE: vLLM removes a cached block's content only through ``pop``, so every loss outside an
-    ordinary allocation passes here once per evicted key (an allocation reads its losses from
-    the popped blocks, ``RecordingFreeQueue``, and runs the index as vLLM's own class), and
-    blocks without content cost nothing. ``kvc_sink`` says what a successful pop means: None,
-    a loss to report now (an explicit eviction, e.g. a Mamba checkpoint slot); a ``(block ids,
-    keys)`` pair of lists, a loss to collect (the pool's hook stages the whole list as one
-    entry); False, not a loss (vLLM moving or promoting a hash inside ``cache_full_blocks`` /
-    ``move_block_hashes``). ``kvc_base_pop`` is the base class's ``pop`` (set on the class by
-    ``kvc_watch_index``): calling it directly costs less than ``super()``.
+    NOTE: vLLM removes a cached block's content only through ``pop``, so every loss passes
+    here once per evicted key, and blocks without content cost nothing (hooking
+    ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block).
+    ``kvc_sink`` says what a successful pop means: None, a loss to report now (an explicit
+    eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair of lists, a loss to
+    collect (the pool's hook stages the whole list as one entry); False, not a loss (vLLM moving
+    or promoting a hash inside ``cache_full_blocks`` / ``move_block_hashes``).
+    ``kvc_base_pop`` is the base class's ``pop`` (set on the class by ``kvc_watch_index``):
+    calling it directly costs less than ``super()`` on a path taken once per evicted block.
     """
 
     kvc_pool: RecordingBlockPool
     kvc_sink: Any = None
     kvc_base_pop: Any
-    kvc_vllm_class: type  # the class vLLM built the index with
 
     def pop(self, key: Any, block_id: int) -> Any:
         block = self.kvc_base_pop(key, block_id)
@@ -116,24 +111,6 @@ class RecordingHashIndex:
                 sink[0].append(block_id)
                 sink[1].append(key)
         return block
-
-
-class RecordingFreeQueue:
-    """Mixin over vLLM's ``FreeKVCacheBlockQueue``: the content the popped blocks held.
-
-    NOTE: vLLM's ``get_new_blocks`` pops its blocks here and only then evicts each one's cached
-    content; reading their hashes here, in one C-level pass, names every loss of the
-    allocation without a Python frame per evicted key (``RecordingBlockPool.get_new_blocks``).
-    """
-
-    kvc_hash: Any
-    kvc_keys: list = []  # the hashes of the last popped blocks, None for a block without one
-    kvc_base_popleft_n: Any
-
-    def popleft_n(self, num_blocks: int) -> list:
-        blocks = self.kvc_base_popleft_n(num_blocks)
-        self.kvc_keys = list(map(self.kvc_hash, blocks))
-        return blocks
 
 
 class RecordingBlockPool:
@@ -157,45 +134,13 @@ class RecordingBlockPool:
     kvc_base_cache_full_blocks: Any
     kvc_base_free_blocks: Any
     cached_block_hash_to_block: Any  # vLLM's; its class is swapped by kvc_watch_index
-    free_block_queue: Any  # vLLM's; its class is swapped by install
-    kvc_extra_hashes: Any  # vLLM's ``cached_block_hashes_by_block`` (a block's second hashes)
 
     def get_new_blocks(self, num_blocks: int) -> list:
         arbiter = self.kvc_arbiter
         if arbiter.has_soft_claims:
             self.kvc_sched.kvc_safely(_defer_soft_claimed,
-                                      self.free_block_queue,
+                                      self.free_block_queue,  # type: ignore[attr-defined]
                                       num_blocks, arbiter.is_soft_claimed)
-        if self.kvc_extra_hashes:
-            return self.kvc_get_new_blocks_exact(num_blocks)
-        # NOTE: no block holds a second hash, so a popped block loses exactly the hash it held
-        # (vLLM sets a block's hash only when inserting it into the index and pops the index
-        # entry whenever it resets it): the losses are the popped blocks' hashes, read by the
-        # free queue's hook. The index runs as vLLM's own class meanwhile: its pop hook would
-        # cost a Python frame per evicted key and find the same keys.
-        index = self.cached_block_hash_to_block
-        recording = index.__class__
-        index.__class__ = recording.kvc_vllm_class
-        try:
-            blocks = self.kvc_base_get_new_blocks(num_blocks)
-        finally:
-            index.__class__ = recording
-        try:
-            request_id = self.kvc_request_id
-            keys = self.free_block_queue.kvc_keys
-            if any(keys):
-                self.kvc_report_lost([*compress(map(_BLOCK_ID, blocks), keys)],
-                                     [*filter(None, keys)], "allocation", request_id)
-            if blocks:
-                self.kvc_stage(("block_allocated", len(blocks), _now(), _ALLOCATED,
-                                request_id, *map(_BLOCK_ID, blocks)))
-        except Exception as exc:  # noqa: BLE001
-            self.kvc_sched.kvc_failed("get_new_blocks", exc)
-        return blocks
-
-    def kvc_get_new_blocks_exact(self, num_blocks: int) -> list:
-        """``get_new_blocks`` while some block holds more than one hash: every key the index
-        pops is collected by its hook."""
         index = self.cached_block_hash_to_block
         lost_ids: list[int] = []
         lost_keys: list[bytes] = []
@@ -265,7 +210,7 @@ class RecordingBlockPool:
         if not isinstance(index, RecordingHashIndex):
             base = type(index)
             index.__class__ = type(f"Recording{base.__name__}", (RecordingHashIndex, base),
-                                   {"kvc_base_pop": base.pop, "kvc_vllm_class": base})
+                                   {"kvc_base_pop": base.pop})
         index.kvc_pool = self
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
@@ -465,14 +410,6 @@ def install(scheduler: KVClaimsMixin) -> None:
     null = getattr(pool, "null_block", None)
     pool.kvc_null_id = null.block_id if null is not None else -1
     pool.kvc_hash = _hash_getter(type(null) if null is not None else object)
-    queue = pool.free_block_queue
-    base = type(queue)
-    queue.__class__ = type(f"Recording{base.__name__}", (RecordingFreeQueue, base),
-                           {"kvc_base_popleft_n": base.popleft_n})
-    queue.kvc_hash = pool.kvc_hash
-    # NOTE: vLLM clears this dict in place (reset_prefix_cache), never rebinds it; a vLLM
-    # without second hashes per block has none to miss
-    pool.kvc_extra_hashes = getattr(pool, "cached_block_hashes_by_block", None)
     manager.kvc_pool = pool
     manager.kvc_admission_states = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
     pool.kvc_watch_index()

@@ -25,7 +25,6 @@ REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("get_new_blocks", "evict_blocks", "move_block_hashes", "cache_full_blocks",
       "free_blocks", "reset_prefix_cache", "touch")),
     ("vllm.v1.core.block_pool", "BlockHashToBlockMap", ("pop",)),
-    ("vllm.v1.core.kv_cache_utils", "FreeKVCacheBlockQueue", ("popleft_n",)),
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("allocate_slots", "free")),
     ("vllm.v1.core.sched.scheduler", "Scheduler",
      ("add_request", "schedule", "update_from_output", "_preempt_request", "_free_request",
