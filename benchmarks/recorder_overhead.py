@@ -1,7 +1,7 @@
 """The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
 
 Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4] [--shapes prefix,multiturn,short]
-[--writer-only | --engine-only]`` (in-process engines; ~5 min per shape on 2 shared cores).
+[--writer-only | --engine-only]`` (in-process engines; 5-10 min per shape on 2 shared cores).
 
 Engine part. Real in-process vLLM CPU engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM's
 plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims, and the recorder
