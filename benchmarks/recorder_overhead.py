@@ -204,18 +204,24 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
 
 def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]) -> None:
     """Run every phase on every engine, stepping the engines in turn (the order reversed at
-    each turn, so each engine follows the other as often as itself)."""
+    each turn, so each engine follows the other as often as itself). On failure every engine
+    is shut down before the error propagates."""
     order = list(drivers)
-    for phase in phases:
-        for key, driver in drivers.items():
-            for name, prompt, claim, max_tokens in phase:
-                driver.submit(name, prompt, claim=claim if configs[key] == "hard" else None,
-                              max_tokens=max_tokens)
-        while any(d.engine.has_unfinished_requests() for d in drivers.values()):
-            order.reverse()
-            for key in order:
-                if drivers[key].engine.has_unfinished_requests():
-                    drivers[key].step()
+    try:
+        for phase in phases:
+            for key, driver in drivers.items():
+                for name, prompt, claim, max_tokens in phase:
+                    driver.submit(name, prompt, claim=claim if configs[key] == "hard" else None,
+                                  max_tokens=max_tokens)
+            while any(d.engine.has_unfinished_requests() for d in drivers.values()):
+                order.reverse()
+                for key in order:
+                    if drivers[key].engine.has_unfinished_requests():
+                        drivers[key].step()
+    except BaseException:
+        for d in drivers.values():
+            d.engine.engine_core.shutdown()
+        raise
 
 
 def _result(key: str, config: str, driver: Any, out: Path) -> dict[str, Any]:
@@ -235,11 +241,7 @@ def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
     """One fresh in-process engine run alone; the scheduler's CPU seconds, events, steps, and
     each request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client."""
     driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling)
-    try:
-        _drive({"run": driver}, {"run": config}, phases)
-    except BaseException:
-        driver.engine.engine_core.shutdown()
-        raise
+    _drive({"run": driver}, {"run": config}, phases)
     return _result("run", config, driver, out)
 
 
@@ -248,19 +250,14 @@ def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
     """Vanilla vLLM and ``config`` in one process, stepped in turn on the same workload;
     (plain's result, config's result).
 
-    NOTE: whichever engine steps first in a turn is measured a few percent slower (measured
+    NOTE: whichever engine steps first in a round is measured a few percent slower (measured
     with plain against plain), so ``plain_first`` alternates between rounds and the table
     averages rounds in position-balanced pairs.
     """
     keys = ("plain", "other") if plain_first else ("other", "plain")
     configs = {"plain": "plain", "other": config}
     drivers = {k: build_engine(configs[k], usable, out / k, k) for k in keys}
-    try:
-        _drive(drivers, configs, phases)
-    except BaseException:
-        for d in drivers.values():
-            d.engine.engine_core.shutdown()
-        raise
+    _drive(drivers, configs, phases)
     return (_result("plain", "plain", drivers["plain"], out / "plain"),
             _result("other", config, drivers["other"], out / "other"))
 

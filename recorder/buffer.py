@@ -12,8 +12,8 @@ waiting), expands, validates and converts the pending events column-wise into
 The engine's own hot path stages instead of emitting: ``EventBuffer.stage`` is a bare
 ``list.append`` of one flat tuple per hook call (``(event, 1, ts_ns, fields)`` for one event;
 ``(event, n, ts_ns, layout, *values)`` for ``n`` events, see ``stage``), with no lock, no seq
-and no Python frame of the buffer's own. Staged entries are moved into the pending lists as ONE entry (a
-``_Staged`` group taking consecutive seqs for all its events) under the lock at the next
+and no Python frame of the buffer's own. Staged entries are moved into the pending lists as ONE
+entry (a ``_Staged`` group taking consecutive seqs for all its events) under the lock at the next
 ``advance_step()``, ``emit``/``emit_many`` call or writer-thread drain, whichever comes first, so
 a scheduler step costs one locked append however many hooks it ran; the writer thread expands
 the group back into entries.
