@@ -67,7 +67,9 @@ SPENT: dict[str, int] = {}  # scheduler CPU ns per timed engine
 STEPS: dict[str, int] = {}
 CONFIGS = ("plain", "native", "hard")
 POLICY = {"plain": None, "native": "native", "hard": "hard_protected",
+          "native-py": "native",  # the compiled hooks' Python twins (KVCLAIMS_HOOKS=python)
           "write_no_admit": "write_no_admit"}  # the last: the tests' negative control
+ENGINE_ROWS = ("plain", "native", "native-py", "hard")
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -169,12 +171,13 @@ def timed(base: type, key: str = "run") -> type:
 
 
 def build_engine(config: str, usable: int, out: Path, key: str, *,
-                 async_scheduling: bool = False) -> Any:
+                 async_scheduling: bool = False, python_hooks: bool = False) -> Any:
     """A fresh in-process engine for ``config`` whose scheduler time counts under ``key``; its
     ``Driver``.
 
     ``async_scheduling``: vLLM's ``AsyncScheduler`` and the recorder over it (a GPU engine;
-    the CPU build resolves async scheduling to off).
+    the CPU build resolves async scheduling to off). ``python_hooks`` (implied by
+    ``native-py``): the compiled hooks' Python twins; else the compiled hooks where built.
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import EngineArgs, LLMEngine
@@ -199,7 +202,17 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
     if policy is None:
         args.pop("additional_config")
     SPENT[key] = STEPS[key] = 0
-    return Driver(LLMEngine.from_engine_args(EngineArgs(**args)))
+    # NOTE: the recorder picks its hooks when the scheduler is built (hooks.compiled_hooks);
+    # the row's name says which, whatever the caller's environment says
+    saved = os.environ.pop("KVCLAIMS_HOOKS", None)
+    if python_hooks or config == "native-py":
+        os.environ["KVCLAIMS_HOOKS"] = "python"
+    try:
+        return Driver(LLMEngine.from_engine_args(EngineArgs(**args)))
+    finally:
+        os.environ.pop("KVCLAIMS_HOOKS", None)
+        if saved is not None:
+            os.environ["KVCLAIMS_HOOKS"] = saved
 
 
 def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]) -> None:
@@ -237,10 +250,11 @@ def _result(key: str, config: str, driver: Any, out: Path) -> dict[str, Any]:
 
 
 def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
-               async_scheduling: bool = False) -> dict[str, Any]:
+               async_scheduling: bool = False, python_hooks: bool = False) -> dict[str, Any]:
     """One fresh in-process engine run alone; the scheduler's CPU seconds, events, steps, and
     each request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client."""
-    driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling)
+    driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling,
+                          python_hooks=python_hooks)
     _drive({"run": driver}, {"run": config}, phases)
     return _result("run", config, driver, out)
 
@@ -267,9 +281,10 @@ def _balanced(xs: list[float]) -> list[float]:
     return [(xs[i] + xs[i + 1]) / 2 for i in range(0, len(xs) - 1, 2)]
 
 
-def engine_table(shape: str, rounds: int, tmp: Path) -> list[str]:
-    """Paired rounds of plain vLLM against itself (the null control), ``native`` and ``hard`` on
-    one shape; the printed rows."""
+def engine_table(shape: str, rounds: int, tmp: Path,
+                 configs: tuple[str, ...] = ENGINE_ROWS) -> list[str]:
+    """Paired rounds of plain vLLM against itself (the null control), ``native`` (compiled
+    hooks), ``native-py`` (their Python twins) and ``hard`` on one shape; the printed rows."""
     phases, usable = SHAPES[shape]()
     n = sum(len(p) for p in phases)
     rounds += rounds % 2  # NOTE: an even count: every pair of rounds balances the positions
@@ -281,7 +296,7 @@ def engine_table(shape: str, rounds: int, tmp: Path) -> list[str]:
             f"  {'config':<16}{'plain CPU s':>12}{'config CPU s':>13}{'added ms':>10}"
             f"{'(min..max)':>16}{'events':>9}{'steps':>11}{'µs/event':>10}{'ratio':>7}"
             f"{'same hits':>11}"]
-    for config in ("plain", "native", "hard"):
+    for config in configs:
         pairs = []
         for r in range(rounds):
             plain, other = paired_round(config, phases, usable, tmp / f"{shape}-{config}-{r}",
@@ -498,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--shapes", default="prefix,multiturn,short")
+    ap.add_argument("--configs", default=",".join(ENGINE_ROWS),
+                    help="engine rows, from: " + ", ".join(ENGINE_ROWS))
     ap.add_argument("--engine-only", action="store_true")
     ap.add_argument("--lockstep", action="store_true",
                     help="instead of engines: the schedulers alone, stepped side by side")
@@ -510,10 +527,12 @@ def main(argv: list[str] | None = None) -> int:
                     default=[100_000, 200_000, 400_000, 800_000])
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
+    configs = tuple(c for c in args.configs.split(",") if c)
     unknown = [s for s in shapes if s not in SHAPES]
-    if unknown or args.rounds < 1:
-        print(f"error: unknown shape(s) {unknown}; choose from {sorted(SHAPES)}; rounds >= 1",
-              file=sys.stderr)
+    odd = [c for c in configs if c not in ENGINE_ROWS]
+    if unknown or odd or args.rounds < 1:
+        print(f"error: unknown shape(s) {unknown} or config(s) {odd}; shapes: {sorted(SHAPES)}, "
+              f"configs: {list(ENGINE_ROWS)}; rounds >= 1", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -528,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(rows[-5:]), file=sys.stderr, flush=True)
         elif not args.writer_only:
             for shape in shapes:
-                rows += engine_table(shape, args.rounds, Path(tmp))
+                rows += engine_table(shape, args.rounds, Path(tmp), configs)
         if not args.engine_only:
             rows += writer_rows(args, Path(tmp))
     print("\n".join(rows))

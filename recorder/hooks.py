@@ -19,11 +19,15 @@ NOTE: invariants
   (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
   ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
   function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
-  proxy object on every call.
+  proxy object on every call;
+- where the compiled module ``_hooks`` (``_hooks.c``) is built, the hooks it has a body for
+  (``COMPILED``) are its C bodies, which stage the same entries as the Python methods below
+  and hand every other case to them; ``KVCLAIMS_HOOKS=python`` keeps the Python methods.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from time import monotonic_ns as _now
@@ -40,6 +44,32 @@ _ALLOCATED = layout(("request_id",), ("block_id",))
 _FREED = layout(("request_id",), ("block_id",))
 _EVICTED = layout(("cause", "by_request_id"), ("block_id", "block_hash"))
 _CACHED = layout(("request_id",), ("block_id", "block_hash", "parent_hash", "position"))
+# the hooks ``_hooks.c`` has a C body for
+COMPILED = frozenset({"pop", "get_new_blocks", "free_blocks", "allocate_slots", "free"})
+
+
+def compiled_hooks() -> Any:
+    """The compiled hook bodies (``_hooks.c``), or None: not built, or ``KVCLAIMS_HOOKS=python``.
+    """
+    if os.environ.get("KVCLAIMS_HOOKS", "").strip().lower() == "python":
+        return None
+    try:
+        from kvclaims.recorder import _hooks  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _hooks.configure(_EVICTED, _ALLOCATED, _FREED)
+    return _hooks
+
+
+def recording_class(base: type, mixin: type, names: Sequence[str]) -> type:
+    """``mixin`` over ``base`` (vLLM's class): vLLM's methods ``names`` kept as ``kvc_base_*``
+    class attributes, and each hook in ``COMPILED`` as its C body where that is built."""
+    ns: dict[str, Any] = {f"kvc_base_{n}": getattr(base, n) for n in names}
+    fast = compiled_hooks()
+    if fast is not None:
+        ns.update({n: fast.Hook(n, getattr(base, n), getattr(mixin, n))
+                   for n in names if n in COMPILED})
+    return type(f"Recording{base.__name__}", (mixin, base), ns)
 
 
 def _hash_getter(block_cls: type) -> Any:
@@ -208,9 +238,7 @@ class RecordingBlockPool:
         """Mix ``RecordingHashIndex`` into the pool's current prefix-cache index."""
         index = self.cached_block_hash_to_block
         if not isinstance(index, RecordingHashIndex):
-            base = type(index)
-            index.__class__ = type(f"Recording{base.__name__}", (RecordingHashIndex, base),
-                                   {"kvc_base_pop": base.pop})
+            index.__class__ = recording_class(type(index), RecordingHashIndex, ("pop",))
         index.kvc_pool = self
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
@@ -398,10 +426,8 @@ def install(scheduler: KVClaimsMixin) -> None:
     pool = manager.block_pool
     for obj, mixin, names in ((pool, RecordingBlockPool,
                                ("get_new_blocks", "cache_full_blocks", "free_blocks")),
-                              (manager, RecordingKVCacheManager, ("allocate_slots",))):
-        base = type(obj)
-        obj.__class__ = type(f"Recording{base.__name__}", (mixin, base),
-                             {f"kvc_base_{n}": getattr(base, n) for n in names})
+                              (manager, RecordingKVCacheManager, ("allocate_slots", "free"))):
+        obj.__class__ = recording_class(type(obj), mixin, names)
         obj.kvc_sched = scheduler
     # NOTE: the references every hook reads, set once here (none of them is ever rebound)
     pool.kvc_arbiter = scheduler.kvc_arbiter

@@ -175,6 +175,8 @@ class KVClaimsMixin:
             "num_blocks": int(self.kvc_num_blocks), "usable_blocks": int(self.kvc_usable_blocks),
             "policy": policy.name, "hardware": describe_hardware(),
             "scheduler": type(self).__name__,
+            # the hooks' bodies: compiled (recorder/_hooks.c) or their Python twins
+            "hooks": "python" if hooks.compiled_hooks() is None else "compiled",
             "enforcement": {"policy": policy.summary,
                             "modes": MODE_ENFORCEMENT if policy.enforce else
                             {m: "recorded only (policy does not enforce)" if m != "offloadable"

@@ -1,0 +1,505 @@
+/* Compiled bodies of the recorder's hottest hooks (recorder/hooks.py).
+ *
+ * Why: on the real engine the Python frames of the hooks cost about as much as their work
+ * (docs/transparency.md); these bodies run as C calls, so vLLM's call into a hook is a C call.
+ *
+ * NOTE: invariants
+ * - each body stages exactly the entries its Python twin in hooks.py stages, in the same order
+ *   (tests/recorder/test_compiled_hooks.py compares whole traces, compiled against Python);
+ * - any call shape or state the body does not handle (keyword arguments, claims in force, an
+ *   admission) is handed to the Python twin unchanged, so the C code covers only the usual case;
+ * - vLLM's own call is made exactly once and its result or exception is returned unchanged; a
+ *   failure of the recording part is reported through the scheduler's ``kvc_failed`` and
+ *   cleared, never raised into vLLM;
+ * - the pool's request context (``kvc_request_id``) and the index's ``kvc_sink`` are restored
+ *   even when vLLM raises.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <time.h>
+
+enum kind { K_POP, K_GET_NEW_BLOCKS, K_FREE_BLOCKS, K_ALLOCATE_SLOTS, K_FREE, K_KINDS };
+static const char *const KIND_NAMES[K_KINDS] = {
+    "pop", "get_new_blocks", "free_blocks", "allocate_slots", "free"};
+
+/* interned attribute names and constant strings */
+static PyObject *s_kvc_sink, *s_kvc_pool, *s_kvc_lost_now, *s_kvc_request_id, *s_kvc_arbiter,
+    *s_has_soft_claims, *s_watched, *s_cached_block_hash_to_block, *s_kvc_report_lost,
+    *s_kvc_stage, *s_kvc_sched, *s_block_id, *s_kvc_null_id, *s_status,
+    *s_kvc_admission_states, *s_request_id, *s_allocation, *s_block_evicted,
+    *s_block_allocated, *s_block_freed;
+/* the staged layouts (hooks.py's _EVICTED, _ALLOCATED, _FREED), set by ``configure`` */
+static PyObject *l_evicted, *l_allocated, *l_freed;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int kind;
+    PyObject *base;  /* vLLM's function (called with self first) */
+    PyObject *py;    /* the Python twin in hooks.py (same signature) */
+} Hook;
+
+static PyObject *now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  /* NOTE: time.monotonic_ns's clock on Linux */
+    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+}
+
+static PyObject *to_python(Hook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return PyObject_Vectorcall(h->py, args, PyVectorcall_NARGS(nargsf), kwnames);
+}
+
+/* Report the pending exception of a recording part through ``sched.kvc_failed`` and clear it. */
+static void failed(PyObject *holder, const char *hook) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *sched = holder ? PyObject_GetAttr(holder, s_kvc_sched) : NULL;
+    if (sched != NULL && value != NULL) {
+        PyObject *r = PyObject_CallMethod(sched, "kvc_failed", "sO", hook, value);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(sched);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();  /* NOTE: nothing may escape into vLLM */
+}
+
+/* setattr that keeps a pending exception (vLLM's) intact. */
+static void restore_attr(PyObject *obj, PyObject *name, PyObject *value) {
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    if (PyObject_SetAttr(obj, name, value) < 0) PyErr_Clear();
+    PyErr_Restore(type, exc, tb);
+}
+
+static int call_stage(PyObject *pool, PyObject *entry) {
+    PyObject *stage = PyObject_GetAttr(pool, s_kvc_stage);
+    if (stage == NULL) return -1;
+    PyObject *r = PyObject_CallOneArg(stage, entry);
+    Py_DECREF(stage);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* (event, n, now, layout, *scalars, *column, *column...): the flat entry EventBuffer.stage
+ * takes; each column is a list or tuple of exactly n values. */
+static PyObject *entry(PyObject *event, PyObject *layout, PyObject *const *scalars,
+                       Py_ssize_t nscalars, PyObject *const *columns, Py_ssize_t ncolumns,
+                       Py_ssize_t n) {
+    PyObject *t = PyTuple_New(4 + nscalars + ncolumns * n);
+    if (t == NULL) return NULL;
+    PyObject *count = PyLong_FromSsize_t(n), *ts = now_ns();
+    if (count == NULL || ts == NULL) {
+        Py_XDECREF(count);
+        Py_XDECREF(ts);
+        Py_DECREF(t);
+        return NULL;
+    }
+    Py_INCREF(event);
+    PyTuple_SET_ITEM(t, 0, event);
+    PyTuple_SET_ITEM(t, 1, count);
+    PyTuple_SET_ITEM(t, 2, ts);
+    Py_INCREF(layout);
+    PyTuple_SET_ITEM(t, 3, layout);
+    Py_ssize_t at = 4;
+    for (Py_ssize_t i = 0; i < nscalars; i++, at++) {
+        Py_INCREF(scalars[i]);
+        PyTuple_SET_ITEM(t, at, scalars[i]);
+    }
+    for (Py_ssize_t c = 0; c < ncolumns; c++) {
+        PyObject *col = columns[c];  /* a list or tuple of exactly n items */
+        for (Py_ssize_t i = 0; i < n; i++, at++) {
+            PyObject *v = PySequence_Fast_GET_ITEM(col, i);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(t, at, v);
+        }
+    }
+    return t;
+}
+
+/* The block ids of a list of blocks, the null block's left out; a new list. */
+static PyObject *block_ids(PyObject *blocks, PyObject *null_id) {
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    PyObject *ids = PyList_New(0);
+    if (ids == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *id = PyObject_GetAttr(PyList_GET_ITEM(blocks, i), s_block_id);
+        if (id == NULL) goto error;
+        int is_null = null_id != NULL ? PyObject_RichCompareBool(id, null_id, Py_EQ) : 0;
+        if (is_null < 0 || (!is_null && PyList_Append(ids, id) < 0)) {
+            Py_DECREF(id);
+            goto error;
+        }
+        Py_DECREF(id);
+    }
+    return ids;
+error:
+    Py_DECREF(ids);
+    return NULL;
+}
+
+static int truthy_attr(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* ---- RecordingHashIndex.pop ---------------------------------------------------------- */
+static PyObject *hook_pop(Hook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 3)
+        return to_python(h, args, nargsf, kwnames);
+    PyObject *self = args[0], *key = args[1], *bid = args[2];
+    PyObject *block = PyObject_Vectorcall(h->base, args, 3, NULL);
+    if (block == NULL || block == Py_None) return block;
+    PyObject *sink = PyObject_GetAttr(self, s_kvc_sink);
+    if (sink == NULL) goto fail;
+    int ok = 0;
+    if (sink == Py_None) {
+        PyObject *pool = PyObject_GetAttr(self, s_kvc_pool);
+        PyObject *r = pool ? PyObject_CallMethodObjArgs(pool, s_kvc_lost_now, bid, key, NULL)
+                           : NULL;
+        Py_XDECREF(pool);
+        ok = r != NULL;
+        Py_XDECREF(r);
+    } else if (sink == Py_False) {
+        ok = 1;
+    } else if (PyTuple_CheckExact(sink) && PyTuple_GET_SIZE(sink) == 2
+               && PyList_CheckExact(PyTuple_GET_ITEM(sink, 0))
+               && PyList_CheckExact(PyTuple_GET_ITEM(sink, 1))) {
+        ok = PyList_Append(PyTuple_GET_ITEM(sink, 0), bid) == 0
+             && PyList_Append(PyTuple_GET_ITEM(sink, 1), key) == 0;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "kvc_sink is not (list, list)");
+    }
+    Py_DECREF(sink);
+    if (ok) return block;
+fail:;
+    PyObject *pool = PyObject_GetAttr(self, s_kvc_pool);
+    if (pool == NULL) PyErr_Clear();
+    failed(pool, "pop");
+    Py_XDECREF(pool);
+    return block;
+}
+
+/* ---- RecordingBlockPool.kvc_report_lost, the no-claims case ------------------------------ */
+static int report_lost(PyObject *pool, PyObject *ids, PyObject *keys, PyObject *cause,
+                       PyObject *request_id) {
+    PyObject *arbiter = PyObject_GetAttr(pool, s_kvc_arbiter);
+    if (arbiter == NULL) return -1;
+    int watched = truthy_attr(arbiter, s_watched);
+    Py_DECREF(arbiter);
+    if (watched < 0) return -1;
+    if (watched) {  /* claims in force: the Python twin also tells the arbiter */
+        PyObject *r = PyObject_CallMethodObjArgs(pool, s_kvc_report_lost, ids, keys, cause,
+                                                 request_id, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *scalars[2] = {cause, request_id};
+    PyObject *columns[2] = {ids, keys};
+    PyObject *e = entry(s_block_evicted, l_evicted, scalars, 2, columns, 2,
+                        PyList_GET_SIZE(ids));
+    if (e == NULL) return -1;
+    int r = call_stage(pool, e);
+    Py_DECREF(e);
+    return r;
+}
+
+/* ---- RecordingBlockPool.get_new_blocks --------------------------------------------------- */
+static PyObject *hook_get_new_blocks(Hook *h, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
+        return to_python(h, args, nargsf, kwnames);
+    PyObject *self = args[0];
+    PyObject *arbiter = PyObject_GetAttr(self, s_kvc_arbiter);
+    int soft = arbiter ? truthy_attr(arbiter, s_has_soft_claims) : -1;
+    Py_XDECREF(arbiter);
+    if (soft != 0) {  /* soft claims to defer (or an odd pool): the Python twin */
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    PyObject *index = PyObject_GetAttr(self, s_cached_block_hash_to_block);
+    if (index == NULL) return NULL;  /* vLLM's own call would fail the same way */
+    PyObject *ids = PyList_New(0), *keys = PyList_New(0);
+    PyObject *sink = (ids && keys) ? PyTuple_Pack(2, ids, keys) : NULL;
+    if (sink == NULL || PyObject_SetAttr(index, s_kvc_sink, sink) < 0) {
+        Py_XDECREF(sink);
+        Py_XDECREF(ids);
+        Py_XDECREF(keys);
+        Py_DECREF(index);
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    Py_DECREF(sink);
+    PyObject *blocks = PyObject_Vectorcall(h->base, args, 2, NULL);
+    restore_attr(index, s_kvc_sink, Py_None);
+    Py_DECREF(index);
+    if (blocks != NULL) {
+        PyObject *rid = PyObject_GetAttr(self, s_kvc_request_id);
+        int ok = rid != NULL;
+        if (ok && PyList_GET_SIZE(ids) > 0)
+            ok = report_lost(self, ids, keys, s_allocation, rid) == 0;
+        if (ok && PyList_CheckExact(blocks) && PyList_GET_SIZE(blocks) > 0) {
+            PyObject *bids = block_ids(blocks, NULL);
+            PyObject *e = bids ? entry(s_block_allocated, l_allocated, &rid, 1, &bids, 1,
+                                       PyList_GET_SIZE(bids)) : NULL;
+            ok = e != NULL && call_stage(self, e) == 0;
+            Py_XDECREF(e);
+            Py_XDECREF(bids);
+        } else if (ok && !PyList_CheckExact(blocks)) {
+            PyErr_SetString(PyExc_TypeError, "get_new_blocks returned no list");
+            ok = 0;
+        }
+        Py_XDECREF(rid);
+        if (!ok) failed(self, "get_new_blocks");
+    }
+    Py_DECREF(ids);
+    Py_DECREF(keys);
+    return blocks;
+}
+
+/* ---- RecordingBlockPool.free_blocks ------------------------------------------------------ */
+static PyObject *hook_free_blocks(Hook *h, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
+        return to_python(h, args, nargsf, kwnames);
+    PyObject *self = args[0];
+    PyObject *blocks = args[1];
+    if (PyList_CheckExact(blocks)) {
+        Py_INCREF(blocks);
+    } else {
+        blocks = PySequence_List(blocks);  /* vLLM may pass any iterable: consume it once */
+        if (blocks == NULL) return NULL;
+    }
+    PyObject *call[2] = {self, blocks};
+    PyObject *r = PyObject_Vectorcall(h->base, call, 2, NULL);
+    if (r != NULL) {
+        PyObject *null = PyObject_GetAttr(self, s_kvc_null_id);
+        PyObject *ids = null ? block_ids(blocks, null) : NULL;
+        int ok = ids != NULL;
+        if (ok && PyList_GET_SIZE(ids) > 0) {
+            PyObject *rid = PyObject_GetAttr(self, s_kvc_request_id);
+            PyObject *e = rid ? entry(s_block_freed, l_freed, &rid, 1, &ids, 1,
+                                      PyList_GET_SIZE(ids)) : NULL;
+            ok = e != NULL && call_stage(self, e) == 0;
+            Py_XDECREF(e);
+            Py_XDECREF(rid);
+        }
+        Py_XDECREF(ids);
+        Py_XDECREF(null);
+        if (!ok) failed(self, "free_blocks");
+    }
+    Py_DECREF(blocks);
+    return r;
+}
+
+/* ---- RecordingKVCacheManager.allocate_slots (a running request) and .free ----------------- */
+static PyObject *with_request(Hook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                              int keep_previous) {
+    PyObject *self = args[0], *request = args[1];
+    PyObject *pool = PyObject_GetAttr(self, s_kvc_pool);
+    if (pool == NULL) {
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    PyObject *previous = keep_previous ? PyObject_GetAttr(pool, s_kvc_request_id) : Py_None;
+    PyObject *rid = previous ? PyObject_GetAttr(request, s_request_id) : NULL;
+    if (rid == NULL || PyObject_SetAttr(pool, s_kvc_request_id, rid) < 0) {
+        Py_XDECREF(rid);
+        if (keep_previous) Py_XDECREF(previous);
+        Py_DECREF(pool);
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    Py_DECREF(rid);
+    PyObject *r = PyObject_Vectorcall(h->base, args, PyVectorcall_NARGS(nargsf), kwnames);
+    restore_attr(pool, s_kvc_request_id, previous);
+    if (keep_previous) Py_DECREF(previous);
+    Py_DECREF(pool);
+    return r;
+}
+
+static PyObject *hook_allocate_slots(Hook *h, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) < 2) return to_python(h, args, nargsf, kwnames);
+    PyObject *status = PyObject_GetAttr(args[1], s_status);
+    PyObject *states = status ? PyObject_GetAttr(args[0], s_kvc_admission_states) : NULL;
+    int admitting = states ? PySequence_Contains(states, status) : -1;
+    Py_XDECREF(status);
+    Py_XDECREF(states);
+    if (admitting != 0) {  /* an admission (or an odd request): the arbiter's Python path */
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    /* NOTE: as the Python twin: vLLM never nests allocate_slots in another request's
+     * context, so the context is simply cleared afterwards */
+    return with_request(h, args, nargsf, kwnames, 0);
+}
+
+static PyObject *hook_free(Hook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
+        return to_python(h, args, nargsf, kwnames);
+    return with_request(h, args, nargsf, kwnames, 1);
+}
+
+static const vectorcallfunc BODIES[K_KINDS] = {
+    (vectorcallfunc)hook_pop, (vectorcallfunc)hook_get_new_blocks,
+    (vectorcallfunc)hook_free_blocks, (vectorcallfunc)hook_allocate_slots,
+    (vectorcallfunc)hook_free};
+
+/* ---- the Hook type: a method-like descriptor --------------------------------------------- */
+static PyObject *Hook_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
+    const char *name;
+    PyObject *base, *py;
+    static char *kwlist[] = {"name", "base", "python", NULL};
+    if (!PyArg_ParseTupleAndKeywords(a, kw, "sOO:Hook", kwlist, &name, &base, &py)) return NULL;
+    int kind = -1;
+    for (int k = 0; k < K_KINDS; k++)
+        if (strcmp(name, KIND_NAMES[k]) == 0) kind = k;
+    if (kind < 0) {
+        PyErr_Format(PyExc_ValueError, "no compiled hook named %s", name);
+        return NULL;
+    }
+    if (l_evicted == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() the staged layouts first");
+        return NULL;
+    }
+    if (!PyCallable_Check(base) || !PyCallable_Check(py)) {
+        PyErr_SetString(PyExc_TypeError, "base and python must be callable");
+        return NULL;
+    }
+    Hook *h = PyObject_GC_New(Hook, type);
+    if (h == NULL) return NULL;
+    h->vectorcall = BODIES[kind];
+    h->kind = kind;
+    Py_INCREF(base);
+    h->base = base;
+    Py_INCREF(py);
+    h->py = py;
+    PyObject_GC_Track(h);
+    return (PyObject *)h;
+}
+
+static int Hook_traverse(Hook *h, visitproc visit, void *arg) {
+    Py_VISIT(h->base);
+    Py_VISIT(h->py);
+    return 0;
+}
+
+static int Hook_clear(Hook *h) {
+    Py_CLEAR(h->base);
+    Py_CLEAR(h->py);
+    return 0;
+}
+
+static void Hook_dealloc(Hook *h) {
+    PyObject_GC_UnTrack(h);
+    Hook_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyObject *Hook_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *Hook_repr(Hook *h) {
+    return PyUnicode_FromFormat("<compiled kvclaims hook %s>", KIND_NAMES[h->kind]);
+}
+
+static PyObject *Hook_name(Hook *h, void *closure) {
+    return PyUnicode_FromString(KIND_NAMES[h->kind]);
+}
+
+static PyObject *Hook_python(Hook *h, void *closure) {
+    Py_INCREF(h->py);
+    return h->py;
+}
+
+static PyGetSetDef Hook_getset[] = {
+    {"__name__", (getter)Hook_name, NULL, "the hooked method's name", NULL},
+    {"__wrapped__", (getter)Hook_python, NULL, "the Python twin in hooks.py", NULL},
+    {NULL}};
+
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvclaims.recorder._hooks.Hook",
+    .tp_basicsize = sizeof(Hook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Hook(name, base, python): a compiled hook body bound like a method",
+    .tp_new = Hook_new,
+    .tp_dealloc = (destructor)Hook_dealloc,
+    .tp_traverse = (traverseproc)Hook_traverse,
+    .tp_clear = (inquiry)Hook_clear,
+    .tp_descr_get = Hook_get,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_repr = (reprfunc)Hook_repr,
+    .tp_getset = Hook_getset,
+};
+
+static PyObject *configure(PyObject *mod, PyObject *args) {
+    PyObject *evicted, *allocated, *freed;
+    if (!PyArg_ParseTuple(args, "OOO:configure", &evicted, &allocated, &freed)) return NULL;
+    Py_INCREF(evicted);
+    Py_XSETREF(l_evicted, evicted);
+    Py_INCREF(allocated);
+    Py_XSETREF(l_allocated, allocated);
+    Py_INCREF(freed);
+    Py_XSETREF(l_freed, freed);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(evicted, allocated, freed): the staged layouts of those pool events"},
+    {NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hooks", "Compiled bodies of the recorder's hottest hooks.", -1,
+    methods};
+
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+
+PyMODINIT_FUNC PyInit__hooks(void) {
+    INTERN(s_kvc_sink, "kvc_sink");
+    INTERN(s_kvc_pool, "kvc_pool");
+    INTERN(s_kvc_lost_now, "kvc_lost_now");
+    INTERN(s_kvc_request_id, "kvc_request_id");
+    INTERN(s_kvc_arbiter, "kvc_arbiter");
+    INTERN(s_has_soft_claims, "has_soft_claims");
+    INTERN(s_watched, "watched");
+    INTERN(s_cached_block_hash_to_block, "cached_block_hash_to_block");
+    INTERN(s_kvc_report_lost, "kvc_report_lost");
+    INTERN(s_kvc_stage, "kvc_stage");
+    INTERN(s_kvc_sched, "kvc_sched");
+    INTERN(s_block_id, "block_id");
+    INTERN(s_kvc_null_id, "kvc_null_id");
+    INTERN(s_status, "status");
+    INTERN(s_kvc_admission_states, "kvc_admission_states");
+    INTERN(s_request_id, "request_id");
+    INTERN(s_allocation, "allocation");
+    INTERN(s_block_evicted, "block_evicted");
+    INTERN(s_block_allocated, "block_allocated");
+    INTERN(s_block_freed, "block_freed");
+    if (PyType_Ready(&HookType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&HookType);
+    if (PyModule_AddObject(m, "Hook", (PyObject *)&HookType) < 0) {
+        Py_DECREF(&HookType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
