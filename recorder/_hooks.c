@@ -19,18 +19,25 @@
 #include <stddef.h>
 #include <time.h>
 
-enum kind { K_POP, K_GET_NEW_BLOCKS, K_FREE_BLOCKS, K_ALLOCATE_SLOTS, K_FREE, K_KINDS };
+enum kind {
+    K_POP, K_GET_NEW_BLOCKS, K_FREE_BLOCKS, K_CACHE_FULL_BLOCKS, K_ALLOCATE_SLOTS, K_FREE, K_KINDS
+};
 static const char *const KIND_NAMES[K_KINDS] = {
-    "pop", "get_new_blocks", "free_blocks", "allocate_slots", "free"};
+    "pop", "get_new_blocks", "free_blocks", "cache_full_blocks", "allocate_slots", "free"};
 
 /* interned attribute names and constant strings */
 static PyObject *s_kvc_sink, *s_kvc_pool, *s_kvc_lost_now, *s_kvc_request_id, *s_kvc_arbiter,
     *s_has_soft_claims, *s_watched, *s_cached_block_hash_to_block, *s_kvc_report_lost,
     *s_kvc_stage, *s_kvc_sched, *s_block_id, *s_kvc_null_id, *s_status,
     *s_kvc_admission_states, *s_request_id, *s_allocation, *s_block_evicted,
-    *s_block_allocated, *s_block_freed;
-/* the staged layouts (hooks.py's _EVICTED, _ALLOCATED, _FREED), set by ``configure`` */
-static PyObject *l_evicted, *l_allocated, *l_freed;
+    *s_block_allocated, *s_block_freed, *s_block_cached, *s_block_hit, *s_request_admitted,
+    *s_kvc_hash, *s_kvc_reuse_denied, *s_block_hashes, *s_kvc_record_cached, *s_kvc_to_refuse,
+    *s_pins, *s_deferrals, *s_num_tokens, *s_block_size, *s_get_num_free_blocks,
+    *s_admitted_fields, *s_kvc_pending_admission, *s_kvc_admitted_cached_tokens, *s_blocks,
+    *s_kvc_admitted, *s_num_new_computed_tokens, *s_new_computed_blocks;
+/* the staged layouts (hooks.py's _EVICTED, _ALLOCATED, _FREED, _CACHED, _HIT), set by
+ * ``configure`` */
+static PyObject *l_evicted, *l_allocated, *l_freed, *l_cached, *l_hit;
 
 typedef struct {
     PyObject_HEAD
@@ -325,6 +332,8 @@ static PyObject *with_request(Hook *h, PyObject *const *args, size_t nargsf, PyO
     return r;
 }
 
+static PyObject *admission(Hook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
 static PyObject *hook_allocate_slots(Hook *h, PyObject *const *args, size_t nargsf,
                                      PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) < 2) return to_python(h, args, nargsf, kwnames);
@@ -333,10 +342,11 @@ static PyObject *hook_allocate_slots(Hook *h, PyObject *const *args, size_t narg
     int admitting = states ? PySequence_Contains(states, status) : -1;
     Py_XDECREF(status);
     Py_XDECREF(states);
-    if (admitting != 0) {  /* an admission (or an odd request): the arbiter's Python path */
+    if (admitting < 0) {  /* an odd request: the Python twin */
         PyErr_Clear();
         return to_python(h, args, nargsf, kwnames);
     }
+    if (admitting) return admission(h, args, nargsf, kwnames);
     /* NOTE: as the Python twin: vLLM never nests allocate_slots in another request's
      * context, so the context is simply cleared afterwards */
     return with_request(h, args, nargsf, kwnames, 0);
@@ -348,10 +358,331 @@ static PyObject *hook_free(Hook *h, PyObject *const *args, size_t nargsf, PyObje
     return with_request(h, args, nargsf, kwnames, 1);
 }
 
+/* The block hashes (``pool.kvc_hash``) of a list of blocks; a new list. */
+static PyObject *block_hashes(PyObject *pool, PyObject *blocks) {
+    PyObject *get = PyObject_GetAttr(pool, s_kvc_hash);
+    if (get == NULL) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *h = PyObject_CallOneArg(get, PyList_GET_ITEM(blocks, i));
+        if (h == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, h);
+    }
+    Py_DECREF(get);
+    return out;
+}
+
+/* 1: every key is a true value (no None, as all(keys)); 0: not; -1: error. */
+static int all_true(PyObject *keys) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        int t = PyObject_IsTrue(PyList_GET_ITEM(keys, i));
+        if (t <= 0) return t;
+    }
+    return 1;
+}
+
+/* 1: the null block's id is among ``ids``; 0: not; -1: error. */
+static int holds_null(PyObject *pool, PyObject *ids) {
+    PyObject *null = PyObject_GetAttr(pool, s_kvc_null_id);
+    if (null == NULL) return -1;
+    int r = PySequence_Contains(ids, null);
+    Py_DECREF(null);
+    return r;
+}
+
+/* ---- RecordingBlockPool.cache_full_blocks (+ kvc_record_cached's usual case) -------------- */
+static int record_cached(PyObject *self, PyObject *request, PyObject *new, PyObject *before,
+                         PyObject *first_obj, Py_ssize_t first) {
+    PyObject *arbiter = PyObject_GetAttr(self, s_kvc_arbiter);
+    int watched = arbiter ? truthy_attr(arbiter, s_watched) : -1;
+    Py_XDECREF(arbiter);
+    if (watched < 0) return -1;
+    Py_ssize_t n = PyList_GET_SIZE(new), last = first + n;
+    PyObject *hashes = NULL, *keys = NULL, *ids = NULL, *parents = NULL, *positions = NULL,
+             *rid = NULL, *e = NULL;
+    int usual = !watched, r = -1;
+    if (usual) {
+        hashes = PyObject_GetAttr(request, s_block_hashes);
+        keys = hashes ? block_hashes(self, new) : NULL;
+        ids = keys ? block_ids(new, NULL) : NULL;
+        if (ids == NULL) goto done;
+        usual = PyList_CheckExact(hashes) && PyList_GET_SIZE(hashes) >= last;
+        for (Py_ssize_t i = 0; usual && i < n; i++)
+            usual = PyList_GET_ITEM(before, i) == Py_None;
+        int t = usual ? all_true(keys) : 0;
+        if (t < 0) goto done;
+        t = t ? holds_null(self, ids) : 1;
+        if (t < 0) goto done;
+        usual = !t;
+    }
+    if (!usual) {  /* claims in force, a block that kept or lacks a hash, the null block */
+        PyObject *res = PyObject_CallMethodObjArgs(self, s_kvc_record_cached, request, new,
+                                                   before, first_obj, NULL);
+        Py_XDECREF(res);
+        r = res == NULL ? -1 : 0;
+        goto done;
+    }
+    parents = PyList_New(n);
+    positions = PyList_New(n);
+    if (parents == NULL || positions == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *parent = first + i > 0 ? PyList_GET_ITEM(hashes, first + i - 1) : Py_None;
+        Py_INCREF(parent);
+        PyList_SET_ITEM(parents, i, parent);
+        PyObject *pos = PyLong_FromSsize_t(first + i);
+        if (pos == NULL) goto done;
+        PyList_SET_ITEM(positions, i, pos);
+    }
+    rid = PyObject_GetAttr(request, s_request_id);
+    PyObject *columns[4] = {ids, keys, parents, positions};
+    e = rid ? entry(s_block_cached, l_cached, &rid, 1, columns, 4, n) : NULL;
+    r = e != NULL ? call_stage(self, e) : -1;
+done:
+    Py_XDECREF(hashes);
+    Py_XDECREF(keys);
+    Py_XDECREF(ids);
+    Py_XDECREF(parents);
+    Py_XDECREF(positions);
+    Py_XDECREF(rid);
+    Py_XDECREF(e);
+    return r;
+}
+
+static PyObject *hook_cache_full_blocks(Hook *h, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 7 || nargs > 8 || !PyList_CheckExact(args[2])
+        || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]))
+        return to_python(h, args, nargsf, kwnames);
+    PyObject *self = args[0], *request = args[1], *blocks = args[2];
+    Py_ssize_t first = PyLong_AsSsize_t(args[3]), full = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    if (first >= full) Py_RETURN_NONE;  /* as vLLM: nothing to cache */
+    PyObject *denied = PyObject_GetAttr(self, s_kvc_reuse_denied);
+    int skip = denied ? PyObject_IsTrue(denied) : -1;
+    if (skip > 0) {
+        PyObject *rid = PyObject_GetAttr(request, s_request_id);
+        skip = rid ? PySequence_Contains(denied, rid) : -1;
+        Py_XDECREF(rid);
+    }
+    Py_XDECREF(denied);
+    if (skip < 0) {
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    if (skip) Py_RETURN_NONE;  /* write no-admit: this request's blocks never become reusable */
+    PyObject *new = PyList_GetSlice(blocks, first, full);
+    PyObject *before = new ? block_hashes(self, new) : NULL;
+    PyObject *index = before ? PyObject_GetAttr(self, s_cached_block_hash_to_block) : NULL;
+    if (index == NULL || PyObject_SetAttr(index, s_kvc_sink, Py_False) < 0) {
+        Py_XDECREF(new);
+        Py_XDECREF(before);
+        Py_XDECREF(index);
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    /* NOTE: a partial block's hash promoted to a full one is not a loss (kvc_sink False) */
+    PyObject *r = PyObject_Vectorcall(h->base, args, nargs, NULL);
+    restore_attr(index, s_kvc_sink, Py_None);
+    Py_DECREF(index);
+    if (r != NULL && record_cached(self, request, new, before, args[3], first) < 0)
+        failed(self, "cache_full_blocks");
+    Py_DECREF(new);
+    Py_DECREF(before);
+    return r;
+}
+
+/* ---- admission: KVClaimsMixin.kvc_admit (nothing pinned, nobody deferred) ------------------ */
+static int admit_fast(PyObject *self, PyObject *sched, PyObject *arbiter, PyObject *request,
+                      PyObject *rid) {
+    PyObject *num = PyObject_GetAttr(request, s_num_tokens);
+    PyObject *size = num ? PyObject_GetAttr(sched, s_block_size) : NULL;
+    long long n = num ? PyLong_AsLongLong(num) : -1, bs = size ? PyLong_AsLongLong(size) : -1;
+    Py_XDECREF(num);
+    Py_XDECREF(size);
+    if (PyErr_Occurred()) return -1;
+    if (bs <= 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size or num_tokens out of range");
+        return -1;
+    }
+    PyObject *pool = PyObject_GetAttr(self, s_kvc_pool);
+    PyObject *free = pool ? PyObject_CallMethodNoArgs(pool, s_get_num_free_blocks) : NULL;
+    PyObject *required = free ? PyLong_FromLongLong((n + bs - 1) / bs) : NULL;
+    PyObject *fields = required ? PyObject_CallMethodObjArgs(arbiter, s_admitted_fields, rid,
+                                                             required, free, NULL) : NULL;
+    int r = fields != NULL ? PyObject_SetAttr(sched, s_kvc_pending_admission, fields) : -1;
+    Py_XDECREF(pool);
+    Py_XDECREF(free);
+    Py_XDECREF(required);
+    Py_XDECREF(fields);
+    return r;
+}
+
+/* ``name`` among the keyword arguments of a vectorcall (borrowed), or NULL. */
+static PyObject *keyword(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                         PyObject *name) {
+    if (kwnames == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (k == name || PyUnicode_Compare(k, name) == 0) return args[nargs + i];
+    }
+    return NULL;
+}
+
+/* ---- admission: KVClaimsMixin.kvc_admitted (request_admitted, cached tokens, block_hit) ---- */
+static int admitted(PyObject *self, PyObject *sched, PyObject *request, PyObject *rid,
+                    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    /* args[3:] are what vLLM passed after num_new_tokens (the twin's ``args``) */
+    PyObject *tokens = keyword(args, nargs, kwnames, s_num_new_computed_tokens);
+    if (tokens == NULL) tokens = nargs > 3 ? args[3] : Py_None;
+    PyObject *computed = keyword(args, nargs, kwnames, s_new_computed_blocks);
+    if (computed == NULL) computed = nargs > 4 ? args[4] : Py_None;
+    PyObject *pool = NULL, *hits = NULL, *keys = NULL, *ids = NULL, *e = NULL, *pos = NULL;
+    int r = -1;
+    pool = PyObject_GetAttr(self, s_kvc_pool);
+    if (pool == NULL) goto done;
+    if (computed != Py_None) {
+        PyObject *groups = PyObject_GetAttr(computed, s_blocks);
+        if (groups == NULL) {  /* as getattr(..., "blocks", None) */
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto done;
+            PyErr_Clear();
+        } else {
+            int t = PyObject_IsTrue(groups);
+            PyObject *g0 = t > 0 ? PySequence_GetItem(groups, 0) : NULL;
+            Py_DECREF(groups);
+            if (t < 0 || (t > 0 && g0 == NULL)) goto done;
+            hits = g0 ? PySequence_List(g0) : NULL;
+            Py_XDECREF(g0);
+            if (t > 0 && hits == NULL) goto done;
+        }
+    }
+    if (hits != NULL && PyList_GET_SIZE(hits) > 0) {
+        keys = block_hashes(pool, hits);
+        ids = keys ? block_ids(hits, NULL) : NULL;
+        if (ids == NULL) goto done;
+        int t = all_true(keys);
+        t = t > 0 ? holds_null(pool, ids) : (t == 0 ? 1 : -1);
+        if (t < 0) goto done;
+        PyObject *arbiter = PyObject_GetAttr(sched, s_kvc_arbiter);
+        int watched = arbiter ? truthy_attr(arbiter, s_watched) : -1;
+        Py_XDECREF(arbiter);
+        if (watched < 0) goto done;
+        if (t || watched) {  /* a hit without a hash, the null block, claims: the twin */
+            PyObject *rest = PyTuple_New(nargs - 3);
+            PyObject *kw = rest ? PyDict_New() : NULL;
+            for (Py_ssize_t i = 3; kw != NULL && i < nargs; i++) {
+                Py_INCREF(args[i]);
+                PyTuple_SET_ITEM(rest, i - 3, args[i]);
+            }
+            for (Py_ssize_t i = 0; kw != NULL && kwnames && i < PyTuple_GET_SIZE(kwnames); i++)
+                if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0)
+                    Py_CLEAR(kw);
+            PyObject *res = kw ? PyObject_CallMethodObjArgs(sched, s_kvc_admitted, request,
+                                                            rest, kw, NULL) : NULL;
+            Py_XDECREF(rest);
+            Py_XDECREF(kw);
+            Py_XDECREF(res);
+            r = res == NULL ? -1 : 0;
+            goto done;
+        }
+    }
+    PyObject *pending = PyObject_GetAttr(sched, s_kvc_pending_admission);
+    if (pending == NULL) goto done;
+    PyObject *one = PyLong_FromLong(1), *ts = now_ns();
+    /* (event, 1, ts, fields): the single-event form; the decision's dict is staged as is */
+    e = one && ts ? PyTuple_Pack(4, s_request_admitted, one, ts, pending) : NULL;
+    Py_XDECREF(one);
+    Py_XDECREF(ts);
+    Py_DECREF(pending);
+    if (e == NULL || call_stage(sched, e) < 0) goto done;
+    Py_CLEAR(e);
+    /* int(tokens or 0) */
+    int t = PyObject_IsTrue(tokens);
+    PyObject *cached = t > 0 ? PyNumber_Long(tokens) : t == 0 ? PyLong_FromLong(0) : NULL;
+    PyObject *book = cached ? PyObject_GetAttr(sched, s_kvc_admitted_cached_tokens) : NULL;
+    int ok = book != NULL && PyObject_SetItem(book, rid, cached) == 0;
+    Py_XDECREF(cached);
+    Py_XDECREF(book);
+    if (!ok) goto done;
+    if (keys == NULL) {
+        r = 0;
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    pos = PyList_New(n);
+    for (Py_ssize_t i = 0; pos != NULL && i < n; i++) {
+        PyObject *p = PyLong_FromSsize_t(i);
+        if (p == NULL) Py_CLEAR(pos);
+        else PyList_SET_ITEM(pos, i, p);
+    }
+    PyObject *columns[3] = {ids, keys, pos};
+    e = pos ? entry(s_block_hit, l_hit, &rid, 1, columns, 3, n) : NULL;
+    r = e != NULL ? call_stage(sched, e) : -1;
+done:
+    Py_XDECREF(pool);
+    Py_XDECREF(hits);
+    Py_XDECREF(keys);
+    Py_XDECREF(ids);
+    Py_XDECREF(pos);
+    Py_XDECREF(e);
+    return r;
+}
+
+/* ---- RecordingKVCacheManager.kvc_allocate_admitting, the usual case ------------------------ */
+static PyObject *admission(Hook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *self = args[0], *request = args[1];
+    PyObject *sched = PyObject_GetAttr(self, s_kvc_sched);
+    PyObject *rid = sched ? PyObject_GetAttr(request, s_request_id) : NULL;
+    PyObject *refuse = rid ? PyObject_GetAttr(sched, s_kvc_to_refuse) : NULL;
+    PyObject *arbiter = refuse ? PyObject_GetAttr(sched, s_kvc_arbiter) : NULL;
+    PyObject *pool = arbiter ? PyObject_GetAttr(self, s_kvc_pool) : NULL;
+    PyObject *previous = pool ? PyObject_GetAttr(pool, s_kvc_request_id) : NULL;
+    int usual = previous != NULL;
+    if (usual) {  /* not to be refused, nothing pinned, nobody deferred */
+        int t = PySequence_Contains(refuse, rid);
+        int pins = t == 0 ? truthy_attr(arbiter, s_pins) : -1;
+        int deferrals = pins == 0 ? truthy_attr(arbiter, s_deferrals) : -1;
+        usual = deferrals == 0;
+    }
+    PyObject *result = NULL;
+    if (!usual) {
+        PyErr_Clear();
+        result = to_python(h, args, nargsf, kwnames);
+        goto done;
+    }
+    if (admit_fast(self, sched, arbiter, request, rid) < 0) {
+        /* as the twin: fail open, vLLM decides alone; never another request's decision */
+        failed(self, "kvc_admit");
+        PyObject *pending = Py_BuildValue("{sO}", "request_id", rid);
+        if (pending == NULL || PyObject_SetAttr(sched, s_kvc_pending_admission, pending) < 0)
+            PyErr_Clear();
+        Py_XDECREF(pending);
+    }
+    if (PyObject_SetAttr(pool, s_kvc_request_id, rid) < 0) PyErr_Clear();
+    result = PyObject_Vectorcall(h->base, args, nargs, kwnames);
+    restore_attr(pool, s_kvc_request_id, previous);
+    if (result != NULL && result != Py_None
+        && admitted(self, sched, request, rid, args, nargs, kwnames) < 0)
+        failed(self, "kvc_admitted");
+done:
+    Py_XDECREF(sched);
+    Py_XDECREF(rid);
+    Py_XDECREF(refuse);
+    Py_XDECREF(arbiter);
+    Py_XDECREF(pool);
+    Py_XDECREF(previous);
+    return result;
+}
+
 static const vectorcallfunc BODIES[K_KINDS] = {
     (vectorcallfunc)hook_pop, (vectorcallfunc)hook_get_new_blocks,
-    (vectorcallfunc)hook_free_blocks, (vectorcallfunc)hook_allocate_slots,
-    (vectorcallfunc)hook_free};
+    (vectorcallfunc)hook_free_blocks, (vectorcallfunc)hook_cache_full_blocks,
+    (vectorcallfunc)hook_allocate_slots, (vectorcallfunc)hook_free};
 
 /* ---- the Hook type: a method-like descriptor --------------------------------------------- */
 static PyObject *Hook_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
@@ -449,20 +780,25 @@ static PyTypeObject HookType = {
 };
 
 static PyObject *configure(PyObject *mod, PyObject *args) {
-    PyObject *evicted, *allocated, *freed;
-    if (!PyArg_ParseTuple(args, "OOO:configure", &evicted, &allocated, &freed)) return NULL;
+    PyObject *evicted, *allocated, *freed, *cached, *hit;
+    if (!PyArg_ParseTuple(args, "OOOOO:configure", &evicted, &allocated, &freed, &cached, &hit))
+        return NULL;
     Py_INCREF(evicted);
     Py_XSETREF(l_evicted, evicted);
     Py_INCREF(allocated);
     Py_XSETREF(l_allocated, allocated);
     Py_INCREF(freed);
     Py_XSETREF(l_freed, freed);
+    Py_INCREF(cached);
+    Py_XSETREF(l_cached, cached);
+    Py_INCREF(hit);
+    Py_XSETREF(l_hit, hit);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(evicted, allocated, freed): the staged layouts of those pool events"},
+     "configure(evicted, allocated, freed, cached, hit): the staged layouts of those events"},
     {NULL}};
 
 static struct PyModuleDef module = {
@@ -492,6 +828,26 @@ PyMODINIT_FUNC PyInit__hooks(void) {
     INTERN(s_block_evicted, "block_evicted");
     INTERN(s_block_allocated, "block_allocated");
     INTERN(s_block_freed, "block_freed");
+    INTERN(s_block_cached, "block_cached");
+    INTERN(s_block_hit, "block_hit");
+    INTERN(s_request_admitted, "request_admitted");
+    INTERN(s_kvc_hash, "kvc_hash");
+    INTERN(s_kvc_reuse_denied, "kvc_reuse_denied");
+    INTERN(s_block_hashes, "block_hashes");
+    INTERN(s_kvc_record_cached, "kvc_record_cached");
+    INTERN(s_kvc_to_refuse, "kvc_to_refuse");
+    INTERN(s_pins, "pins");
+    INTERN(s_deferrals, "deferrals");
+    INTERN(s_num_tokens, "num_tokens");
+    INTERN(s_block_size, "block_size");
+    INTERN(s_get_num_free_blocks, "get_num_free_blocks");
+    INTERN(s_admitted_fields, "admitted_fields");
+    INTERN(s_kvc_pending_admission, "kvc_pending_admission");
+    INTERN(s_kvc_admitted_cached_tokens, "kvc_admitted_cached_tokens");
+    INTERN(s_blocks, "blocks");
+    INTERN(s_kvc_admitted, "kvc_admitted");
+    INTERN(s_num_new_computed_tokens, "num_new_computed_tokens");
+    INTERN(s_new_computed_blocks, "new_computed_blocks");
     if (PyType_Ready(&HookType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

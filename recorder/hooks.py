@@ -44,8 +44,10 @@ _ALLOCATED = layout(("request_id",), ("block_id",))
 _FREED = layout(("request_id",), ("block_id",))
 _EVICTED = layout(("cause", "by_request_id"), ("block_id", "block_hash"))
 _CACHED = layout(("request_id",), ("block_id", "block_hash", "parent_hash", "position"))
+HIT = layout(("request_id",), ("block_id", "block_hash", "position"))  # the scheduler's
 # the hooks ``_hooks.c`` has a C body for
-COMPILED = frozenset({"pop", "get_new_blocks", "free_blocks", "allocate_slots", "free"})
+COMPILED = frozenset({"pop", "get_new_blocks", "free_blocks", "cache_full_blocks",
+                      "allocate_slots", "free"})
 
 
 def compiled_hooks() -> Any:
@@ -57,7 +59,7 @@ def compiled_hooks() -> Any:
         from kvclaims.recorder import _hooks  # type: ignore[attr-defined]
     except ImportError:
         return None
-    _hooks.configure(_EVICTED, _ALLOCATED, _FREED)
+    _hooks.configure(_EVICTED, _ALLOCATED, _FREED, _CACHED, HIT)
     return _hooks
 
 

@@ -46,7 +46,7 @@ from vllm.v1.request import RequestStatus
 
 from kvclaims.recorder import hooks
 from kvclaims.recorder.arbiter import ClaimArbiter
-from kvclaims.recorder.buffer import EventBuffer, layout
+from kvclaims.recorder.buffer import EventBuffer
 from kvclaims.recorder.claims import declared_claim_id, raw_claim, release_ids
 from kvclaims.recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
 from kvclaims.recorder.schema import InputError
@@ -483,7 +483,7 @@ def _no_step() -> None:
 # str(FinishReason) per reason (vLLM's __str__ is a Python call; the texts never change)
 _REASON_TEXT: dict[Any, str] = {}
 _BLOCK_ID = attrgetter("block_id")
-_HIT = layout(("request_id",), ("block_id", "block_hash", "position"))
+_HIT = hooks.HIT
 
 
 def _computed_blocks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

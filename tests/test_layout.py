@@ -7,6 +7,7 @@ The repository keeps one top-level folder per part; installed, they all live und
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -58,6 +59,14 @@ def test_installed_package_holds_every_part_under_kvclaims(wheel: zipfile.ZipFil
     assert "kvclaims/reconstruct/sql/04_labels.sql" in names   # package data travels too
     assert "kvclaims/queries/loss_labels.sql" in names
     assert not any(n.startswith(("recorder/", "queries/", "dashboard/")) for n in names)
+
+
+def test_installed_package_carries_the_compiled_hooks(wheel: zipfile.ZipFile) -> None:
+    """recorder/_hooks.c is built into the wheel where a C compiler is (optional elsewhere)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    assert any(n.startswith("kvclaims/recorder/_hooks.") and n.endswith((".so", ".pyd"))
+               for n in wheel.namelist())
 
 
 def test_vllm_plugin_entry_point_names_the_namespaced_module(wheel: zipfile.ZipFile) -> None:
