@@ -5,9 +5,10 @@
  *
  * NOTE: invariants
  * - each body stages exactly the entries its Python twin in hooks.py stages, in the same order
- *   (tests/recorder/test_compiled_hooks.py compares whole traces, compiled against Python);
- * - any call shape or state the body does not handle (keyword arguments, claims in force, an
- *   admission) is handed to the Python twin unchanged, so the C code covers only the usual case;
+ *   (tests/test_compiled_hooks.py compares whole traces, compiled against Python);
+ * - any call shape or state the body does not handle (keyword arguments, soft claims to defer,
+ *   claims in force, pins or deferrals at an admission, a refused request, a block without a
+ *   hash) is handed to the Python twin unchanged, so the C code covers only the usual case;
  * - vLLM's own call is made exactly once and its result or exception is returned unchanged; a
  *   failure of the recording part is reported through the scheduler's ``kvc_failed`` and
  *   cleared, never raised into vLLM;
@@ -128,6 +129,17 @@ static PyObject *entry(PyObject *event, PyObject *layout, PyObject *const *scala
     return t;
 }
 
+/* Build ``entry(...)`` and stage it on ``holder.kvc_stage``; 0, or -1 with an exception. */
+static int stage_entry(PyObject *holder, PyObject *event, PyObject *layout,
+                       PyObject *const *scalars, Py_ssize_t nscalars, PyObject *const *columns,
+                       Py_ssize_t ncolumns, Py_ssize_t n) {
+    PyObject *e = entry(event, layout, scalars, nscalars, columns, ncolumns, n);
+    if (e == NULL) return -1;
+    int r = call_stage(holder, e);
+    Py_DECREF(e);
+    return r;
+}
+
 /* The block ids of a list of blocks, the null block's left out; a new list. */
 static PyObject *block_ids(PyObject *blocks, PyObject *null_id) {
     Py_ssize_t n = PyList_GET_SIZE(blocks);
@@ -187,8 +199,11 @@ static PyObject *hook_pop(Hook *h, PyObject *const *args, size_t nargsf, PyObjec
     Py_DECREF(sink);
     if (ok) return block;
 fail:;
+    PyObject *type, *exc, *tb;  /* NOTE: no attribute lookup with an exception pending */
+    PyErr_Fetch(&type, &exc, &tb);
     PyObject *pool = PyObject_GetAttr(self, s_kvc_pool);
-    if (pool == NULL) PyErr_Clear();
+    PyErr_Clear();
+    PyErr_Restore(type, exc, tb);
     failed(pool, "pop");
     Py_XDECREF(pool);
     return block;
@@ -210,12 +225,8 @@ static int report_lost(PyObject *pool, PyObject *ids, PyObject *keys, PyObject *
     }
     PyObject *scalars[2] = {cause, request_id};
     PyObject *columns[2] = {ids, keys};
-    PyObject *e = entry(s_block_evicted, l_evicted, scalars, 2, columns, 2,
-                        PyList_GET_SIZE(ids));
-    if (e == NULL) return -1;
-    int r = call_stage(pool, e);
-    Py_DECREF(e);
-    return r;
+    return stage_entry(pool, s_block_evicted, l_evicted, scalars, 2, columns, 2,
+                       PyList_GET_SIZE(ids));
 }
 
 /* ---- RecordingBlockPool.get_new_blocks --------------------------------------------------- */
@@ -254,10 +265,8 @@ static PyObject *hook_get_new_blocks(Hook *h, PyObject *const *args, size_t narg
             ok = report_lost(self, ids, keys, s_allocation, rid) == 0;
         if (ok && PyList_CheckExact(blocks) && PyList_GET_SIZE(blocks) > 0) {
             PyObject *bids = block_ids(blocks, NULL);
-            PyObject *e = bids ? entry(s_block_allocated, l_allocated, &rid, 1, &bids, 1,
-                                       PyList_GET_SIZE(bids)) : NULL;
-            ok = e != NULL && call_stage(self, e) == 0;
-            Py_XDECREF(e);
+            ok = bids != NULL && stage_entry(self, s_block_allocated, l_allocated, &rid, 1,
+                                             &bids, 1, PyList_GET_SIZE(bids)) == 0;
             Py_XDECREF(bids);
         } else if (ok && !PyList_CheckExact(blocks)) {
             PyErr_SetString(PyExc_TypeError, "get_new_blocks returned no list");
@@ -292,10 +301,8 @@ static PyObject *hook_free_blocks(Hook *h, PyObject *const *args, size_t nargsf,
         int ok = ids != NULL;
         if (ok && PyList_GET_SIZE(ids) > 0) {
             PyObject *rid = PyObject_GetAttr(self, s_kvc_request_id);
-            PyObject *e = rid ? entry(s_block_freed, l_freed, &rid, 1, &ids, 1,
-                                      PyList_GET_SIZE(ids)) : NULL;
-            ok = e != NULL && call_stage(self, e) == 0;
-            Py_XDECREF(e);
+            ok = rid != NULL && stage_entry(self, s_block_freed, l_freed, &rid, 1, &ids, 1,
+                                            PyList_GET_SIZE(ids)) == 0;
             Py_XDECREF(rid);
         }
         Py_XDECREF(ids);
@@ -400,7 +407,7 @@ static int record_cached(PyObject *self, PyObject *request, PyObject *new, PyObj
     if (watched < 0) return -1;
     Py_ssize_t n = PyList_GET_SIZE(new), last = first + n;
     PyObject *hashes = NULL, *keys = NULL, *ids = NULL, *parents = NULL, *positions = NULL,
-             *rid = NULL, *e = NULL;
+             *rid = NULL;
     int usual = !watched, r = -1;
     if (usual) {
         hashes = PyObject_GetAttr(request, s_block_hashes);
@@ -436,8 +443,7 @@ static int record_cached(PyObject *self, PyObject *request, PyObject *new, PyObj
     }
     rid = PyObject_GetAttr(request, s_request_id);
     PyObject *columns[4] = {ids, keys, parents, positions};
-    e = rid ? entry(s_block_cached, l_cached, &rid, 1, columns, 4, n) : NULL;
-    r = e != NULL ? call_stage(self, e) : -1;
+    r = rid ? stage_entry(self, s_block_cached, l_cached, &rid, 1, columns, 4, n) : -1;
 done:
     Py_XDECREF(hashes);
     Py_XDECREF(keys);
@@ -445,7 +451,6 @@ done:
     Py_XDECREF(parents);
     Py_XDECREF(positions);
     Py_XDECREF(rid);
-    Py_XDECREF(e);
     return r;
 }
 
@@ -620,8 +625,7 @@ static int admitted(PyObject *self, PyObject *sched, PyObject *request, PyObject
         else PyList_SET_ITEM(pos, i, p);
     }
     PyObject *columns[3] = {ids, keys, pos};
-    e = pos ? entry(s_block_hit, l_hit, &rid, 1, columns, 3, n) : NULL;
-    r = e != NULL ? call_stage(sched, e) : -1;
+    r = pos ? stage_entry(sched, s_block_hit, l_hit, &rid, 1, columns, 3, n) : -1;
 done:
     Py_XDECREF(pool);
     Py_XDECREF(hits);

@@ -90,23 +90,26 @@ def test_compiled_and_python_hooks_record_identical_events(
     assert fast["cached"] == slow["cached"]
 
 
+FAILING = ("block_allocated", "block_evicted", "block_freed", "block_cached", "block_hit",
+           "request_admitted")
+
+
 class FailingBlockStageScheduler:
-    """Fault injection: a KVClaimsScheduler whose pool cannot stage its block events (the
-    recording part of every pool hook fails; vLLM's own work must not notice)."""
+    """Fault injection: a KVClaimsScheduler that cannot stage its block events or admissions
+    (the recording part of every compiled hook fails; vLLM's own work must not notice)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         from kvclaims.recorder.scheduler import KVClaimsScheduler
 
         sched = KVClaimsScheduler(*args, **kwargs)
-        pool = sched.kv_cache_manager.block_pool
-        stage = pool.kvc_stage
+        stage = sched.kvc_stage
 
         def failing(entry: tuple) -> None:
-            if entry[0] in ("block_allocated", "block_evicted", "block_freed"):
+            if entry[0] in FAILING:
                 raise RuntimeError("injected staging failure")
             stage(entry)
 
-        pool.kvc_stage = failing
+        sched.kvc_stage = sched.kv_cache_manager.block_pool.kvc_stage = failing
         return sched
 
 
@@ -125,7 +128,9 @@ def _failing_run(out: Path, monkeypatch: pytest.MonkeyPatch, python: bool) -> tu
     try:
         driver.submit("a", tokens(1, 10))
         driver.run()
-        driver.submit("b", tokens(2, 14))  # evicts a's cached blocks
+        driver.submit("a2", tokens(1, 10))  # hits a's cached blocks
+        driver.run()
+        driver.submit("b", tokens(2, 14))  # evicts them
         driver.run()
     finally:
         engine.engine_core.shutdown()
@@ -141,6 +146,6 @@ def test_a_failing_compiled_hook_is_reported_like_its_python_twin(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     served, failed = _failing_run(tmp_path / "compiled", monkeypatch, python=False)
     served_py, failed_py = _failing_run(tmp_path / "python", monkeypatch, python=True)
-    assert served == served_py == {"a": "length", "b": "length"}
-    assert failed == failed_py == {("get_new_blocks", "RuntimeError"),
-                                   ("free_blocks", "RuntimeError")}
+    assert served == served_py == {"a": "length", "a2": "length", "b": "length"}
+    assert failed == failed_py == {(hook, "RuntimeError") for hook in (
+        "get_new_blocks", "free_blocks", "cache_full_blocks", "kvc_admitted")}
