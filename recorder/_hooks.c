@@ -21,10 +21,12 @@
 #include <time.h>
 
 enum kind {
-    K_POP, K_GET_NEW_BLOCKS, K_FREE_BLOCKS, K_CACHE_FULL_BLOCKS, K_ALLOCATE_SLOTS, K_FREE, K_KINDS
+    K_POP, K_GET_NEW_BLOCKS, K_FREE_BLOCKS, K_CACHE_FULL_BLOCKS, K_ALLOCATE_SLOTS, K_FREE,
+    K_ADD_REQUEST, K_FREE_REQUEST, K_KINDS
 };
 static const char *const KIND_NAMES[K_KINDS] = {
-    "pop", "get_new_blocks", "free_blocks", "cache_full_blocks", "allocate_slots", "free"};
+    "pop", "get_new_blocks", "free_blocks", "cache_full_blocks", "allocate_slots", "free",
+    "add_request", "_free_request"};
 
 /* interned attribute names and constant strings */
 static PyObject *s_kvc_sink, *s_kvc_pool, *s_kvc_lost_now, *s_kvc_request_id, *s_kvc_arbiter,
@@ -35,7 +37,12 @@ static PyObject *s_kvc_sink, *s_kvc_pool, *s_kvc_lost_now, *s_kvc_request_id, *s
     *s_kvc_hash, *s_kvc_reuse_denied, *s_block_hashes, *s_kvc_record_cached, *s_kvc_to_refuse,
     *s_pins, *s_deferrals, *s_num_tokens, *s_block_size, *s_get_num_free_blocks,
     *s_admitted_fields, *s_kvc_pending_admission, *s_kvc_admitted_cached_tokens, *s_blocks,
-    *s_kvc_admitted, *s_num_new_computed_tokens, *s_new_computed_blocks;
+    *s_kvc_admitted, *s_num_new_computed_tokens, *s_new_computed_blocks, *s_kvc_compiled,
+    *s_requests, *s_sampling_params, *s_extra_args, *s_kvc_policy, *s_deny_reuse,
+    *s_num_prompt_tokens, *s_request_arrived, *s_kvc_on_arrival, *s_request_finished,
+    *s_get_finished_reason, *s_num_output_tokens, *s_kvc_tenants, *s_forget, *s_discard,
+    *s_pop, *s_tenant, *s_claim_id, *s_finish_reason, *s_num_cached_tokens, *s_reason,
+    *s_kvc_reason_text, *s_kvc_refusal_reason;
 /* the staged layouts (hooks.py's _EVICTED, _ALLOCATED, _FREED, _CACHED, _HIT), set by
  * ``configure`` */
 static PyObject *l_evicted, *l_allocated, *l_freed, *l_cached, *l_hit;
@@ -58,12 +65,14 @@ static PyObject *to_python(Hook *h, PyObject *const *args, size_t nargsf, PyObje
     return PyObject_Vectorcall(h->py, args, PyVectorcall_NARGS(nargsf), kwnames);
 }
 
-/* Report the pending exception of a recording part through ``sched.kvc_failed`` and clear it. */
-static void failed(PyObject *holder, const char *hook) {
+/* Report the pending exception of a recording part through ``sched.kvc_failed`` and clear it;
+ * ``sched`` is the scheduler itself, or NULL: ``holder.kvc_sched``. */
+static void report(PyObject *holder, PyObject *sched, const char *hook) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
-    PyObject *sched = holder ? PyObject_GetAttr(holder, s_kvc_sched) : NULL;
+    if (sched != NULL) Py_INCREF(sched);
+    else if (holder != NULL) sched = PyObject_GetAttr(holder, s_kvc_sched);
     if (sched != NULL && value != NULL) {
         PyObject *r = PyObject_CallMethod(sched, "kvc_failed", "sO", hook, value);
         Py_XDECREF(r);
@@ -74,6 +83,8 @@ static void failed(PyObject *holder, const char *hook) {
     Py_XDECREF(tb);
     PyErr_Clear();  /* NOTE: nothing may escape into vLLM */
 }
+
+static void failed(PyObject *holder, const char *hook) { report(holder, NULL, hook); }
 
 /* setattr that keeps a pending exception (vLLM's) intact. */
 static void restore_attr(PyObject *obj, PyObject *name, PyObject *value) {
@@ -683,10 +694,164 @@ done:
     return result;
 }
 
+/* ---- KVClaimsMixin.add_request / kvc_on_arrival (the usual request) ----------------------- */
+/* A new dict from alternating (interned name, value) pairs; values are borrowed. */
+static PyObject *fields(PyObject *const *pairs, Py_ssize_t n) {
+    PyObject *d = PyDict_New();
+    for (Py_ssize_t i = 0; d != NULL && i < n; i++)
+        if (PyDict_SetItem(d, pairs[2 * i], pairs[2 * i + 1]) < 0) Py_CLEAR(d);
+    return d;
+}
+
+/* Stage (event, 1, now, fields): the single-event form. Steals ``f``. */
+static int stage_one(PyObject *holder, PyObject *event, PyObject *f) {
+    if (f == NULL) return -1;
+    PyObject *one = PyLong_FromLong(1), *ts = now_ns();
+    PyObject *e = one && ts ? PyTuple_Pack(4, event, one, ts, f) : NULL;
+    Py_XDECREF(one);
+    Py_XDECREF(ts);
+    Py_DECREF(f);
+    int r = e != NULL ? call_stage(holder, e) : -1;
+    Py_XDECREF(e);
+    return r;
+}
+
+static int arrival(PyObject *self, PyObject *request, PyObject *rid) {
+    PyObject *params = PyObject_GetAttr(request, s_sampling_params);
+    if (params == NULL) return -1;
+    PyObject *extra = NULL;
+    if (params != Py_None) {  /* as getattr(params, "extra_args", None) */
+        extra = PyObject_GetAttr(params, s_extra_args);
+        if (extra == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+        else if (extra == NULL) {
+            Py_DECREF(params);
+            return -1;
+        }
+    }
+    Py_DECREF(params);
+    int t = extra != NULL ? PyObject_IsTrue(extra) : 0;
+    Py_XDECREF(extra);
+    if (t == 0) {
+        PyObject *policy = PyObject_GetAttr(self, s_kvc_policy);
+        t = policy ? truthy_attr(policy, s_deny_reuse) : -1;
+        Py_XDECREF(policy);
+    }
+    if (t < 0) return -1;
+    if (t) {  /* a claim, tenant, release or reuse denial: the Python twin */
+        PyObject *r = PyObject_CallMethodObjArgs(self, s_kvc_on_arrival, request, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *prompt = PyObject_GetAttr(request, s_num_prompt_tokens);
+    if (prompt == NULL) return -1;
+    PyObject *pairs[8] = {s_request_id, rid, s_tenant, Py_None, s_num_prompt_tokens, prompt,
+                          s_claim_id, Py_None};
+    int r = stage_one(self, s_request_arrived, fields(pairs, 4));
+    Py_DECREF(prompt);
+    return r;
+}
+
+static PyObject *hook_add_request(Hook *h, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
+        return to_python(h, args, nargsf, kwnames);
+    PyObject *self = args[0], *request = args[1];
+    /* NOTE: kvc_compiled is set with kvc_ready, at the end of kvc_setup, and never cleared */
+    int on = truthy_attr(self, s_kvc_compiled);
+    PyObject *rid = on > 0 ? PyObject_GetAttr(request, s_request_id) : NULL;
+    PyObject *known = rid ? PyObject_GetAttr(self, s_requests) : NULL;
+    int seen = known ? PySequence_Contains(known, rid) : -1;
+    Py_XDECREF(known);
+    if (seen < 0) {  /* a scheduler without the recorder (or an odd request): the twin */
+        Py_XDECREF(rid);
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    if (!seen && arrival(self, request, rid) < 0) report(NULL, self, "kvc_on_arrival");
+    Py_DECREF(rid);
+    return PyObject_Vectorcall(h->base, args, 2, NULL);
+}
+
+/* ---- KVClaimsMixin._free_request / kvc_on_finish ------------------------------------------ */
+static int finish(PyObject *self, PyObject *request) {
+    PyObject *rid = PyObject_GetAttr(request, s_request_id);
+    PyObject *reason = rid ? PyObject_CallMethodNoArgs(request, s_get_finished_reason) : NULL;
+    PyObject *text = NULL, *cached = NULL, *output = NULL, *why = NULL;
+    int r = -1;
+    PyObject *texts = reason ? PyObject_GetAttr(self, s_kvc_reason_text) : NULL;
+    if (texts == NULL) goto done;
+    /* str(reason), cached per reason in the dict the Python twin shares */
+    text = PyDict_CheckExact(texts) ? PyDict_GetItemWithError(texts, reason) : NULL;
+    if (!PyDict_CheckExact(texts)) PyErr_SetString(PyExc_TypeError, "kvc_reason_text");
+    if (text != NULL) {
+        Py_INCREF(text);
+    } else if (!PyErr_Occurred()) {
+        text = reason == Py_None ? Py_NewRef(Py_None) : PyObject_Str(reason);
+        if (text != NULL && text != Py_None && PyDict_SetItem(texts, reason, text) < 0)
+            Py_CLEAR(text);
+    }
+    Py_DECREF(texts);
+    if (text == NULL) goto done;
+    PyObject *book = PyObject_GetAttr(self, s_kvc_admitted_cached_tokens);
+    PyObject *zero = book ? PyLong_FromLong(0) : NULL;
+    cached = zero ? PyObject_CallMethodObjArgs(book, s_pop, rid, zero, NULL) : NULL;
+    Py_XDECREF(book);
+    Py_XDECREF(zero);
+    output = cached ? PyObject_GetAttr(request, s_num_output_tokens) : NULL;
+    PyObject *refuse = output ? PyObject_GetAttr(self, s_kvc_to_refuse) : NULL;
+    int refused = refuse ? PySequence_Contains(refuse, rid) : -1;
+    Py_XDECREF(refuse);
+    why = refused > 0 ? PyObject_GetAttr(self, s_kvc_refusal_reason)
+                      : refused == 0 ? Py_NewRef(Py_None) : NULL;
+    if (why == NULL) goto done;
+    PyObject *pairs[10] = {s_request_id, rid, s_finish_reason, text, s_num_cached_tokens, cached,
+                           s_num_output_tokens, output, s_reason, why};
+    if (stage_one(self, s_request_finished, fields(pairs, 5)) < 0) goto done;
+    /* the bookkeeping of kvc_on_finish: reuse denial, tenant, the arbiter's per-request state */
+    PyObject *denied = PyObject_GetAttr(self, s_kvc_reuse_denied);
+    int t = denied ? PyObject_IsTrue(denied) : -1;
+    PyObject *res = t > 0 ? PyObject_CallMethodObjArgs(denied, s_discard, rid, NULL) : NULL;
+    Py_XDECREF(denied);
+    Py_XDECREF(res);
+    if (t < 0 || (t > 0 && res == NULL)) goto done;
+    PyObject *tenants = PyObject_GetAttr(self, s_kvc_tenants);
+    t = tenants ? PyObject_IsTrue(tenants) : -1;
+    res = t > 0 ? PyObject_CallMethodObjArgs(tenants, s_pop, rid, Py_None, NULL) : NULL;
+    Py_XDECREF(tenants);
+    Py_XDECREF(res);
+    if (t < 0 || (t > 0 && res == NULL)) goto done;
+    PyObject *arbiter = PyObject_GetAttr(self, s_kvc_arbiter);
+    res = arbiter ? PyObject_CallMethodObjArgs(arbiter, s_forget, rid, NULL) : NULL;
+    Py_XDECREF(arbiter);
+    Py_XDECREF(res);
+    r = res == NULL ? -1 : 0;
+done:
+    Py_XDECREF(rid);
+    Py_XDECREF(reason);
+    Py_XDECREF(text);
+    Py_XDECREF(cached);
+    Py_XDECREF(output);
+    Py_XDECREF(why);
+    return r;
+}
+
+static PyObject *hook_free_request(Hook *h, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) < 2) return to_python(h, args, nargsf, kwnames);
+    int on = truthy_attr(args[0], s_kvc_compiled);
+    if (on <= 0) {
+        PyErr_Clear();
+        return to_python(h, args, nargsf, kwnames);
+    }
+    if (finish(args[0], args[1]) < 0) report(NULL, args[0], "kvc_on_finish");
+    return PyObject_Vectorcall(h->base, args, PyVectorcall_NARGS(nargsf), kwnames);
+}
+
 static const vectorcallfunc BODIES[K_KINDS] = {
     (vectorcallfunc)hook_pop, (vectorcallfunc)hook_get_new_blocks,
     (vectorcallfunc)hook_free_blocks, (vectorcallfunc)hook_cache_full_blocks,
-    (vectorcallfunc)hook_allocate_slots, (vectorcallfunc)hook_free};
+    (vectorcallfunc)hook_allocate_slots, (vectorcallfunc)hook_free,
+    (vectorcallfunc)hook_add_request, (vectorcallfunc)hook_free_request};
 
 /* ---- the Hook type: a method-like descriptor --------------------------------------------- */
 static PyObject *Hook_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
@@ -852,6 +1017,29 @@ PyMODINIT_FUNC PyInit__hooks(void) {
     INTERN(s_kvc_admitted, "kvc_admitted");
     INTERN(s_num_new_computed_tokens, "num_new_computed_tokens");
     INTERN(s_new_computed_blocks, "new_computed_blocks");
+    INTERN(s_kvc_compiled, "kvc_compiled");
+    INTERN(s_requests, "requests");
+    INTERN(s_sampling_params, "sampling_params");
+    INTERN(s_extra_args, "extra_args");
+    INTERN(s_kvc_policy, "kvc_policy");
+    INTERN(s_deny_reuse, "deny_reuse");
+    INTERN(s_num_prompt_tokens, "num_prompt_tokens");
+    INTERN(s_request_arrived, "request_arrived");
+    INTERN(s_kvc_on_arrival, "kvc_on_arrival");
+    INTERN(s_request_finished, "request_finished");
+    INTERN(s_get_finished_reason, "get_finished_reason");
+    INTERN(s_num_output_tokens, "num_output_tokens");
+    INTERN(s_kvc_tenants, "kvc_tenants");
+    INTERN(s_forget, "forget");
+    INTERN(s_discard, "discard");
+    INTERN(s_pop, "pop");
+    INTERN(s_tenant, "tenant");
+    INTERN(s_claim_id, "claim_id");
+    INTERN(s_finish_reason, "finish_reason");
+    INTERN(s_num_cached_tokens, "num_cached_tokens");
+    INTERN(s_reason, "reason");
+    INTERN(s_kvc_reason_text, "kvc_reason_text");
+    INTERN(s_kvc_refusal_reason, "kvc_refusal_reason");
     if (PyType_Ready(&HookType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -50,17 +50,22 @@ COMPILED = frozenset({"pop", "get_new_blocks", "free_blocks", "cache_full_blocks
                       "allocate_slots", "free"})
 
 
-def compiled_hooks() -> Any:
-    """The compiled hook bodies (``_hooks.c``), or None: not built, or ``KVCLAIMS_HOOKS=python``.
-    """
-    if os.environ.get("KVCLAIMS_HOOKS", "").strip().lower() == "python":
-        return None
+def compiled_module() -> Any:
+    """The compiled module ``_hooks`` (configured), or None where it was not built."""
     try:
         from kvclaims.recorder import _hooks  # type: ignore[attr-defined]
     except ImportError:
         return None
     _hooks.configure(_EVICTED, _ALLOCATED, _FREED, _CACHED, HIT)
     return _hooks
+
+
+def compiled_hooks() -> Any:
+    """The compiled hook bodies (``_hooks.c``) an engine built now uses, or None: not built,
+    or ``KVCLAIMS_HOOKS=python``."""
+    if os.environ.get("KVCLAIMS_HOOKS", "").strip().lower() == "python":
+        return None
+    return compiled_module()
 
 
 def recording_class(base: type, mixin: type, names: Sequence[str]) -> type:

@@ -55,6 +55,8 @@ from kvclaims.recorder.trace_writer import RunWriter
 logger = logging.getLogger("kvclaims.recorder")
 
 REFUSAL_STOP_REASON = "kv_claim_refused"
+# str(FinishReason) per reason (vLLM's __str__ is a Python call; the texts never change)
+_REASON_TEXT: dict[Any, str] = {}
 _MAX_LOGGED_FAILURES = 10
 
 
@@ -102,6 +104,11 @@ class KVClaimsMixin:
     # tests build one with object.__new__ and set its attributes by hand) is plain vLLM:
     # every override below passes straight through.
     kvc_ready: bool = False
+    # NOTE: True (set with kvc_ready) when this engine's hooks are compiled: the compiled
+    # add_request / _free_request then record; else they hand every call to the methods below
+    kvc_compiled: bool = False
+    kvc_reason_text = _REASON_TEXT  # read by the compiled _free_request
+    kvc_refusal_reason = REFUSAL_STOP_REASON
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
@@ -156,6 +163,7 @@ class KVClaimsMixin:
             lookup=lambda key: hooks.cached_blocks(pool, key),
             max_protected_blocks_per_tenant=limit, emit_many=self.kvc_emit_many)
         hooks.install(self)
+        self.kvc_compiled = hooks.compiled_hooks() is not None
         self.kvc_ready = True
         logger.info("kvclaims: recording run %s (policy %s, %s) to %s", self.kvc_run_id,
                     policy.name, type(self).__name__, out)
@@ -442,6 +450,24 @@ class KVClaimsAsyncScheduler(KVClaimsScheduler, AsyncScheduler):
     """
 
 
+def _compile_request_hooks() -> None:
+    """Give both schedulers the compiled ``add_request`` and ``_free_request`` where built.
+
+    NOTE: chosen per class at import, used per engine: each engine's ``kvc_compiled`` (from
+    ``KVCLAIMS_HOOKS`` when it is built) says whether they record or hand every call to the
+    ``KVClaimsMixin`` methods, their Python twins.
+    """
+    fast = hooks.compiled_module()
+    if fast is None:
+        return
+    for cls, base in ((KVClaimsScheduler, Scheduler), (KVClaimsAsyncScheduler, AsyncScheduler)):
+        for name in ("add_request", "_free_request"):
+            setattr(cls, name, fast.Hook(name, getattr(base, name), getattr(KVClaimsMixin, name)))
+
+
+_compile_request_hooks()
+
+
 def describe_hardware() -> dict[str, Any]:
     """What the engine ran on, for the manifest (CPU model, core count, accelerator if any)."""
     import platform
@@ -480,8 +506,6 @@ def _no_step() -> None:
     """The step marker used when no run directory could be opened."""
 
 
-# str(FinishReason) per reason (vLLM's __str__ is a Python call; the texts never change)
-_REASON_TEXT: dict[Any, str] = {}
 _BLOCK_ID = attrgetter("block_id")
 _HIT = hooks.HIT
 

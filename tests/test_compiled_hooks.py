@@ -91,12 +91,12 @@ def test_compiled_and_python_hooks_record_identical_events(
 
 
 FAILING = ("block_allocated", "block_evicted", "block_freed", "block_cached", "block_hit",
-           "request_admitted")
+           "request_admitted", "request_arrived", "request_finished")
 
 
 class FailingBlockStageScheduler:
-    """Fault injection: a KVClaimsScheduler that cannot stage its block events or admissions
-    (the recording part of every compiled hook fails; vLLM's own work must not notice)."""
+    """Fault injection: a KVClaimsScheduler that cannot stage its block or request events (the
+    recording part of every compiled hook fails; vLLM's own work must not notice)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         from kvclaims.recorder.scheduler import KVClaimsScheduler
@@ -148,4 +148,5 @@ def test_a_failing_compiled_hook_is_reported_like_its_python_twin(
     served_py, failed_py = _failing_run(tmp_path / "python", monkeypatch, python=True)
     assert served == served_py == {"a": "length", "a2": "length", "b": "length"}
     assert failed == failed_py == {(hook, "RuntimeError") for hook in (
-        "get_new_blocks", "free_blocks", "cache_full_blocks", "kvc_admitted")}
+        "get_new_blocks", "free_blocks", "cache_full_blocks", "kvc_admitted", "kvc_on_arrival",
+        "kvc_on_finish")}

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 PARTS = ("recorder", "reconstruct", "queries", "dashboard")
 # The engine's hot path: modules that only ever run inside vLLM's scheduler.
 HOT_PATH = ("kvclaims.recorder.buffer", "kvclaims.recorder.hooks", "kvclaims.recorder.scheduler",
-            "kvclaims.recorder.arbiter")
+            "kvclaims.recorder.arbiter", "kvclaims.recorder._hooks")
 
 
 def _python(code: str, cwd: Path = REPO, extra_path: str | None = None,
