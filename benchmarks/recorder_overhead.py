@@ -1,13 +1,15 @@
 """The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
 
-Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4] [--shapes prefix,multiturn,short]
-[--writer-only | --engine-only]`` (in-process engines; 5-10 min per shape on 2 shared cores).
+Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4]
+[--shapes prefix,multiturn,short] [--configs plain,native,native-py,hard]
+[--writer-only | --engine-only]`` (in-process engines; 3-5 min per shape on 2 shared cores).
 
 Engine part. Real in-process vLLM CPU engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM's
-plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims, and the recorder
-under ``hard_protected`` with claims (``hard``). Timed: CPU time of the engine thread
-(``time.thread_time_ns``) inside ``schedule()`` and ``update_from_output()``: the scheduler's own
-work with every recorder hook in it, not the model, not the writer thread.
+plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims (its compiled
+hooks, ``recorder/_hooks.c``; ``native-py``: their Python twins, ``KVCLAIMS_HOOKS=python``),
+and the recorder under ``hard_protected`` with claims (``hard``). Timed: CPU time of the engine
+thread (``time.thread_time_ns``) inside ``schedule()`` and ``update_from_output()``: the
+scheduler's own work with every recorder hook in it, not the model, not the writer thread.
 
 Paired rounds. Each round builds two engines in one process, vanilla vLLM and one
 configuration, and steps them in turn on the same workload (the order reversed at each turn), so
@@ -69,7 +71,9 @@ CONFIGS = ("plain", "native", "hard")
 POLICY = {"plain": None, "native": "native", "hard": "hard_protected",
           "native-py": "native",  # the compiled hooks' Python twins (KVCLAIMS_HOOKS=python)
           "write_no_admit": "write_no_admit"}  # the last: the tests' negative control
-ENGINE_ROWS = ("plain", "native", "native-py", "hard")
+# Engine table rows: a configuration against vanilla vLLM, or ``base:config`` (the last row:
+# the compiled hooks against their Python twins, paired directly)
+ENGINE_ROWS = ("plain", "native", "native-py", "hard", "native-py:native")
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -260,19 +264,19 @@ def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
 
 
 def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
-                 plain_first: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Vanilla vLLM and ``config`` in one process, stepped in turn on the same workload;
-    (plain's result, config's result).
+                 base_first: bool, base: str = "plain") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``base`` (vanilla vLLM unless told) and ``config`` in one process, stepped in turn on the
+    same workload; (base's result, config's result).
 
     NOTE: whichever engine steps first in a round is measured a few percent slower (measured
-    with plain against plain), so ``plain_first`` alternates between rounds and the table
+    with plain against plain), so ``base_first`` alternates between rounds and the table
     averages rounds in position-balanced pairs.
     """
-    keys = ("plain", "other") if plain_first else ("other", "plain")
-    configs = {"plain": "plain", "other": config}
+    keys = ("base", "other") if base_first else ("other", "base")
+    configs = {"base": base, "other": config}
     drivers = {k: build_engine(configs[k], usable, out / k, k) for k in keys}
     _drive(drivers, configs, phases)
-    return (_result("plain", "plain", drivers["plain"], out / "plain"),
+    return (_result("base", base, drivers["base"], out / "base"),
             _result("other", config, drivers["other"], out / "other"))
 
 
@@ -284,25 +288,28 @@ def _balanced(xs: list[float]) -> list[float]:
 def engine_table(shape: str, rounds: int, tmp: Path,
                  configs: tuple[str, ...] = ENGINE_ROWS) -> list[str]:
     """Paired rounds of plain vLLM against itself (the null control), ``native`` (compiled
-    hooks), ``native-py`` (their Python twins) and ``hard`` on one shape; the printed rows."""
+    hooks), ``native-py`` (their Python twins) and ``hard``, and of ``native`` against
+    ``native-py``, on one shape; the printed rows."""
     phases, usable = SHAPES[shape]()
     n = sum(len(p) for p in phases)
     rounds += rounds % 2  # NOTE: an even count: every pair of rounds balances the positions
     # NOTE: the first engines built in a process run slower (imports, first compilation):
     # one discarded round
-    paired_round("plain", phases, usable, tmp / f"{shape}-warmup", True)
+    paired_round("plain", phases, usable, tmp / f"{shape}-warmup", base_first=True)
     rows = [f"shape {shape}: {n} requests, {usable} usable blocks; per configuration {rounds} "
             f"rounds, each vanilla vLLM and the configuration stepped in turn in one process",
-            f"  {'config':<16}{'plain CPU s':>12}{'config CPU s':>13}{'added ms':>10}"
+            f"  {'config':<16}{'base CPU s':>12}{'config CPU s':>13}{'added ms':>10}"
             f"{'(min..max)':>16}{'events':>9}{'steps':>11}{'µs/event':>10}{'ratio':>7}"
             f"{'same hits':>11}"]
-    for config in configs:
+    for row in configs:
+        base, _, config = row.rpartition(":")
+        base = base or "plain"
         pairs = []
         for r in range(rounds):
-            plain, other = paired_round(config, phases, usable, tmp / f"{shape}-{config}-{r}",
-                                        plain_first=r % 2 == 0)
+            plain, other = paired_round(config, phases, usable, tmp / f"{shape}-{row}-{r}",
+                                        base_first=r % 2 == 0, base=base)
             pairs.append((plain, other))
-            print(f"  {shape} {config} round {r + 1}/{rounds}: plain {plain['cpu_s']:.3f} s, "
+            print(f"  {shape} {row} round {r + 1}/{rounds}: {base} {plain['cpu_s']:.3f} s, "
                   f"{config} {other['cpu_s']:.3f} s, {other['events']:,} events",
                   file=sys.stderr, flush=True)
         added = _balanced([o["cpu_s"] - p["cpu_s"] for p, o in pairs])
@@ -315,7 +322,7 @@ def engine_table(shape: str, rounds: int, tmp: Path,
         same = all(o["cached"] == p["cached"] for p, o in pairs) if config != "hard" else None
         per_event = f"{med / events * 1e6:10.2f}" if events else f"{'-':>10}"
         rows.append(
-            f"  {config if config != 'plain' else 'plain (null)':<16}"
+            f"  {row if row != 'plain' else 'plain (null)':<16}"
             f"{statistics.median(p['cpu_s'] for p, _ in pairs):12.3f}"
             f"{statistics.median(o['cpu_s'] for _, o in pairs):13.3f}{med * 1e3:10.1f}"
             f"{f'({min(added) * 1e3:.1f}..{max(added) * 1e3:.1f})':>16}{events:>9,}"

@@ -1,14 +1,16 @@
-/* Compiled bodies of the recorder's hottest hooks (recorder/hooks.py).
+/* Compiled bodies of the recorder's hottest hooks (recorder/hooks.py, and the scheduler's
+ * add_request / _free_request in recorder/scheduler.py).
  *
- * Why: on the real engine the Python frames of the hooks cost about as much as their work
- * (docs/transparency.md); these bodies run as C calls, so vLLM's call into a hook is a C call.
+ * Why: inside the real engine the recorder's cost is its hooks' code running cold between model
+ * forwards; as C calls the same work costs the scheduler markedly less CPU (docs/transparency.md,
+ * "Fifth pass").
  *
  * NOTE: invariants
- * - each body stages exactly the entries its Python twin in hooks.py stages, in the same order
+ * - each body stages exactly the entries its Python twin stages, in the same order
  *   (tests/test_compiled_hooks.py compares whole traces, compiled against Python);
  * - any call shape or state the body does not handle (keyword arguments, soft claims to defer,
  *   claims in force, pins or deferrals at an admission, a refused request, a block without a
- *   hash) is handed to the Python twin unchanged, so the C code covers only the usual case;
+ *   hash, a request declaring a claim, tenant or release) is handed to the Python twin unchanged, so the C code covers only the usual case;
  * - vLLM's own call is made exactly once and its result or exception is returned unchanged; a
  *   failure of the recording part is reported through the scheduler's ``kvc_failed`` and
  *   cleared, never raised into vLLM;

@@ -21,8 +21,9 @@ NOTE: invariants
   function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
   proxy object on every call;
 - where the compiled module ``_hooks`` (``_hooks.c``) is built, the hooks it has a body for
-  (``COMPILED``) are its C bodies, which stage the same entries as the Python methods below
-  and hand every other case to them; ``KVCLAIMS_HOOKS=python`` keeps the Python methods.
+  (``COMPILED``, and the scheduler's ``add_request`` / ``_free_request``) are its C bodies,
+  which stage the same entries as the Python methods (their twins) and hand every other case
+  to them; ``KVCLAIMS_HOOKS=python`` keeps the Python methods.
 """
 
 from __future__ import annotations
