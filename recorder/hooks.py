@@ -69,11 +69,11 @@ def compiled_hooks() -> Any:
     return compiled_module()
 
 
-def recording_class(base: type, mixin: type, names: Sequence[str]) -> type:
+def recording_class(base: type, mixin: type, names: Sequence[str], fast: Any) -> type:
     """``mixin`` over ``base`` (vLLM's class): vLLM's methods ``names`` kept as ``kvc_base_*``
-    class attributes, and each hook in ``COMPILED`` as its C body where that is built."""
+    class attributes, and each hook in ``COMPILED`` as its C body from ``fast`` (the engine's
+    ``compiled_hooks()``; None: the Python methods)."""
     ns: dict[str, Any] = {f"kvc_base_{n}": getattr(base, n) for n in names}
-    fast = compiled_hooks()
     if fast is not None:
         ns.update({n: fast.Hook(n, getattr(base, n), getattr(mixin, n))
                    for n in names if n in COMPILED})
@@ -246,7 +246,8 @@ class RecordingBlockPool:
         """Mix ``RecordingHashIndex`` into the pool's current prefix-cache index."""
         index = self.cached_block_hash_to_block
         if not isinstance(index, RecordingHashIndex):
-            index.__class__ = recording_class(type(index), RecordingHashIndex, ("pop",))
+            index.__class__ = recording_class(type(index), RecordingHashIndex, ("pop",),
+                                              self.kvc_sched.kvc_hooks)
         index.kvc_pool = self
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
@@ -435,7 +436,7 @@ def install(scheduler: KVClaimsMixin) -> None:
     for obj, mixin, names in ((pool, RecordingBlockPool,
                                ("get_new_blocks", "cache_full_blocks", "free_blocks")),
                               (manager, RecordingKVCacheManager, ("allocate_slots", "free"))):
-        obj.__class__ = recording_class(type(obj), mixin, names)
+        obj.__class__ = recording_class(type(obj), mixin, names, scheduler.kvc_hooks)
         obj.kvc_sched = scheduler
     # NOTE: the references every hook reads, set once here (none of them is ever rebound)
     pool.kvc_arbiter = scheduler.kvc_arbiter

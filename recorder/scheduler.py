@@ -107,6 +107,7 @@ class KVClaimsMixin:
     # NOTE: True (set with kvc_ready) when this engine's hooks are compiled: the compiled
     # add_request / _free_request then record; else they hand every call to the methods below
     kvc_compiled: bool = False
+    kvc_hooks: Any = None  # the compiled module this engine's hooks use (kvc_setup decides)
     kvc_reason_text = _REASON_TEXT  # read by the compiled _free_request
     kvc_refusal_reason = REFUSAL_STOP_REASON
 
@@ -123,6 +124,8 @@ class KVClaimsMixin:
             logger.error("kvclaims: %s; recording with policy 'native'", exc)
             policy = POLICIES["native"]
         self.kvc_policy = policy
+        # NOTE: decided once per engine: the manifest and every installed hook agree
+        self.kvc_hooks = hooks.compiled_hooks()
         self.kvc_run_id = str(cfg.get("run_id") or f"run-{time.strftime('%Y%m%dT%H%M%S')}-"
                               f"{uuid.uuid4().hex[:6]}")
         pool = self.kv_cache_manager.block_pool
@@ -163,7 +166,7 @@ class KVClaimsMixin:
             lookup=lambda key: hooks.cached_blocks(pool, key),
             max_protected_blocks_per_tenant=limit, emit_many=self.kvc_emit_many)
         hooks.install(self)
-        self.kvc_compiled = hooks.compiled_hooks() is not None
+        self.kvc_compiled = self.kvc_hooks is not None
         self.kvc_ready = True
         logger.info("kvclaims: recording run %s (policy %s, %s) to %s", self.kvc_run_id,
                     policy.name, type(self).__name__, out)
@@ -184,7 +187,7 @@ class KVClaimsMixin:
             "policy": policy.name, "hardware": describe_hardware(),
             "scheduler": type(self).__name__,
             # the hooks' bodies: compiled (recorder/_hooks.c) or their Python twins
-            "hooks": "python" if hooks.compiled_hooks() is None else "compiled",
+            "hooks": "python" if self.kvc_hooks is None else "compiled",
             "enforcement": {"policy": policy.summary,
                             "modes": MODE_ENFORCEMENT if policy.enforce else
                             {m: "recorded only (policy does not enforce)" if m != "offloadable"
