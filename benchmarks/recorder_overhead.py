@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4]
 [--shapes prefix,multiturn,short] [--configs plain,native,native-py,hard]
-[--writer-only | --engine-only]`` (in-process engines; 3-5 min per shape on 2 shared cores).
+[--writer-only | --engine-only] [--lockstep [--cold-mib 0,64]]`` (in-process engines; 3-5 min
+per shape on 2 shared cores).
 
 Engine part. Real in-process vLLM CPU engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM's
 plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims (its compiled
@@ -37,7 +38,9 @@ events recorded; ratio = median over balanced pairs of configuration / plain.
 by vLLM's own test helper (``create_scheduler`` from its source distribution, fetched as
 ``tests/upstream/vllm_upstream.py`` does) and driven with hand-made model outputs (one token
 per request), all three stepped side by side so that load on a shared machine hits them alike.
-Seconds per round instead of minutes, and a few-ms resolution.
+Seconds per round instead of minutes, and a few-ms resolution. ``--cold-mib 0,64``: also with
+64 MiB of memory read (untimed) before every timed call, as a CPU engine's model forward does
+between scheduler calls: the caches start cold, as in the real engine on this machine.
 
 Writer part (issue 9 item 4). The writer thread's sustained rate: a producer thread emits the
 realistic event mix of ``recorder_cost.py`` as fast as it can; events written / wall seconds, and
@@ -343,16 +346,23 @@ def _vllm_test_utils() -> Any:
     return vllm_upstream.vllm_test_utils()
 
 
-def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], dict[str, int]]:
+def lockstep_run(shape: str, tmp: Path, utils: Any,
+                 cold_mib: int = 0) -> tuple[dict[str, float], dict[str, int]]:
     """One pass of ``shape`` through plain, native and hard schedulers built by vLLM's own test
     helper, stepped side by side (each step: every scheduler's schedule() and
     update_from_output() in turn, the order alternating), with hand-made model outputs of one
     token per request (no model, as vLLM's scheduler tests do). Returns each configuration's
     scheduler CPU seconds and events written.
 
+    ``cold_mib``: before each timed call, untimed, read that many MiB of memory, as a CPU
+    engine's model forward does between scheduler calls, so the call starts with cold caches.
+
     NOTE: interleaving step by step exposes the configurations to the same load at the same
     moments, which a shared machine's drift between whole runs does not.
     """
+    import numpy as np
+
+    sweep = np.ones(cold_mib * 2**20 // 8) if cold_mib > 0 else None
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -391,6 +401,8 @@ def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], d
                 sched = scheds[config]
                 if not sched.has_requests():
                     continue
+                if sweep is not None:
+                    sweep.sum()
                 t0 = _clock()
                 out = sched.schedule()
                 spent[config] += _clock() - t0
@@ -399,6 +411,8 @@ def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], d
                     req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                     sampled_token_ids=[[7] for _ in ids], logprobs=None,
                     prompt_logprobs_dict={}, pooler_output=[])
+                if sweep is not None:
+                    sweep.sum()
                 t0 = _clock()
                 sched.update_from_output(out, result)
                 spent[config] += _clock() - t0
@@ -412,12 +426,15 @@ def lockstep_run(shape: str, tmp: Path, utils: Any) -> tuple[dict[str, float], d
     return {c: v / 1e9 for c, v in spent.items()}, events
 
 
-def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any) -> list[str]:
+def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any,
+                   cold_mib: int = 0) -> list[str]:
     """``rounds`` lockstep passes of one shape; the printed rows (medians over rounds)."""
-    runs = [lockstep_run(shape, tmp / f"lock-{shape}-{r}", utils) for r in range(rounds)]
+    runs = [lockstep_run(shape, tmp / f"lock-{shape}-{cold_mib}-{r}", utils, cold_mib)
+            for r in range(rounds)]
     plain = statistics.median(r[0]["plain"] for r in runs)
+    caches = f"caches swept ({cold_mib} MiB read) before each call" if cold_mib else "warm"
     rows = [f"lockstep {shape}: schedulers alone (vLLM's create_scheduler, hand-made outputs), "
-            f"{rounds} rounds",
+            f"{caches}, {rounds} rounds",
             f"  {'config':<8}{'sched CPU s':>12}{'added ms':>10}{'events':>10}{'µs/event':>10}"
             f"{'ratio':>8}"]
     for config in CONFIGS:
@@ -525,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-only", action="store_true")
     ap.add_argument("--lockstep", action="store_true",
                     help="instead of engines: the schedulers alone, stepped side by side")
+    ap.add_argument("--cold-mib", type=lambda s: [int(x) for x in s.split(",")], default=[0],
+                    help="with --lockstep: MiB read before each timed call (0: warm caches); "
+                    "a list runs each")
     ap.add_argument("--writer-only", action="store_true")
     ap.add_argument("--writer-events", type=int, default=1_000_000)
     ap.add_argument("--capacity", type=int, default=1_000_000,
@@ -537,9 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = tuple(c for c in args.configs.split(",") if c)
     unknown = [s for s in shapes if s not in SHAPES]
     odd = [c for c in configs if c not in ENGINE_ROWS]
-    if unknown or odd or args.rounds < 1:
+    if unknown or odd or args.rounds < 1 or min(args.cold_mib) < 0:
         print(f"error: unknown shape(s) {unknown} or config(s) {odd}; shapes: {sorted(SHAPES)}, "
-              f"configs: {list(ENGINE_ROWS)}; rounds >= 1", file=sys.stderr)
+              f"configs: {list(ENGINE_ROWS)}; rounds >= 1, cold-mib >= 0", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -550,8 +570,9 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # OPT's 2,048 < 6,400
             utils = _vllm_test_utils()
             for shape in shapes:
-                rows += lockstep_table(shape, args.rounds, Path(tmp), utils)
-                print("\n".join(rows[-5:]), file=sys.stderr, flush=True)
+                for cold in args.cold_mib:
+                    rows += lockstep_table(shape, args.rounds, Path(tmp), utils, cold)
+                    print("\n".join(rows[-5:]), file=sys.stderr, flush=True)
         elif not args.writer_only:
             for shape in shapes:
                 rows += engine_table(shape, args.rounds, Path(tmp), configs)
