@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvclaims.reconstruct import fleet  # noqa: E402
 import kvclaims  # noqa: E402
-from kvclaims.generators.synthetic import write_trace  # noqa: E402
+from kvclaims.sources.synthetic import write_trace  # noqa: E402
 
 
 def make_fleet(out: Path, runs: int, giant_events: int, seed: int = 7) -> list[Path]:

@@ -4,7 +4,7 @@ Three figures, side by side:
 
 1. **processing**: pre-encoded payloads fed straight to the ``Listener`` (decode + translate +
    Arrow write), no sockets: the ceiling of the processing thread;
-2. **flood**: a raw ZMQ PUB in another process sends the same frames as fast as it can over
+2. **flood**: a raw ZMQ PUB in another process sends the same frames as it can over
    loopback to the listener's SUB (receive thread + processing thread); batches the listener
    could not take show up as lost publisher seqs (recorder_gap), never as a stall upstream;
 3. **paced**: the same at fixed rates, to find the highest rate sustained with no loss.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec  # noqa: E402
 
-from kvclaims.recorder import kv_events as kv  # noqa: E402
+from kvclaims.sources import kv_events as kv  # noqa: E402
 
 BS = 32
 
@@ -140,7 +140,7 @@ def main() -> None:
         t = Path(tmp)
         rows.append(("processing (no socket)", bench_processing(payloads, t)))
         print("  processing done", flush=True)
-        rows.append(("flood (PUB as fast as it can)", bench_socket(payloads, t, 0, "flood")))
+        rows.append(("flood (PUB as it can)", bench_socket(payloads, t, 0, "flood")))
         print("  flood done", flush=True)
         for rate in [float(r) for r in args.rates.split(",") if r]:
             sub = payloads[: max(1000, min(len(payloads), int(rate * 3)))]

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from benchmarks.recorder_cost import workload  # noqa: E402
 from kvclaims.recorder.buffer import pending_to_batch  # noqa: E402
-from kvclaims.recorder.trace_writer import SEALED_NAME, RunWriter  # noqa: E402
+from kvclaims.contract.trace_writer import SEALED_NAME, RunWriter  # noqa: E402
 from kvclaims.reconstruct.loader import iter_batches  # noqa: E402
 
 

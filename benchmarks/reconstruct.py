@@ -13,7 +13,7 @@ labelling pass, peak RSS (the trace is generated in a child process), the plain-
 replay's events/s on the
 same labels and the ratio, and whether both agree on every label of the replayed part.
 
-Shapes (kvclaims/generators/synthetic.py): ``sparse`` (1 request in 10 claims a prefix), ``dense``
+Shapes (kvclaims/sources/synthetic.py): ``sparse`` (1 request in 10 claims a prefix), ``dense``
 (every other request claims its whole prompt, chains shared by many claims, several copies
 of a hash, every lifecycle end, claim-id reuse, resets, a 2000-block pool, one scheduler step
 per request), ``sweep`` (21 sparse runs of a capacity sweep, reconstructed together).
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvclaims.audit import open_audit  # noqa: E402
 from kvclaims.reconstruct import labels, loader  # noqa: E402
-from kvclaims.generators import synthetic  # noqa: E402
+from kvclaims.sources import synthetic  # noqa: E402
 
 SWEEP_RUNS = 21
 MODE_CLASS = {"best_effort": 0, "soft_priority": 1}  # anything else: residency (2)

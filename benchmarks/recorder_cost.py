@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvclaims.recorder.buffer import EventBuffer, layout  # noqa: E402
-from kvclaims.recorder.trace_writer import RunWriter  # noqa: E402
+from kvclaims.contract.trace_writer import RunWriter  # noqa: E402
 from kvclaims.reconstruct.loader import load_runs  # noqa: E402
 
 

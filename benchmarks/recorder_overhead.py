@@ -43,7 +43,7 @@ Seconds per round instead of minutes, and a few-ms resolution. ``--cold-mib 0,64
 between scheduler calls: the caches start cold, as in the real engine on this machine.
 
 Writer part (issue 9 item 4). The writer thread's sustained rate: a producer thread emits the
-realistic event mix of ``recorder_cost.py`` as fast as it can; events written / wall seconds, and
+realistic event mix of ``recorder_cost.py`` as it can; events written / wall seconds, and
 / the writer thread's own CPU seconds. Then offered rates are paced for ``--window-s`` seconds
 against a buffer of ``--capacity`` pending events: the lowest offered rate at which the buffer
 drops events, and the ``recorder_gap`` rows that cover them in the written trace.
@@ -88,7 +88,7 @@ Phase = list[Request]  # submitted together, run to idle
 def prefix_shape(n: int = 400, seed: int = 0) -> tuple[list[Phase], int]:
     """``n`` requests over 24 shared documents, 16 at a time; every fourth document's first
     request declares a hard claim on it. 160 usable blocks."""
-    from kvclaims.recorder.scenarios import tokens
+    from kvclaims.sources.scenarios import tokens
 
     rng = random.Random(seed)
     docs = [tokens(1000 + d, rng.randint(4, 24)) for d in range(24)]
@@ -110,7 +110,7 @@ def multiturn_shape(conversations: int = 24, turns: int = 6, seed: int = 1) -> \
     """Multi-turn chats: each turn resends the history plus a new message (1-3 blocks); 8
     conversations run at once; the first turn of every third conversation claims its opening
     message. 120 usable blocks."""
-    from kvclaims.recorder.scenarios import tokens
+    from kvclaims.sources.scenarios import tokens
 
     rng = random.Random(seed)
     phases: list[Phase] = []
@@ -133,7 +133,7 @@ def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
     prompts of 1-4 unique blocks, one in five behind a one-block system prompt shared by all,
     2-16 output tokens, 48 at a time over 200 usable blocks; every tenth claims its prompt
     (``best_effort``: recorded, never enforced)."""
-    from kvclaims.recorder.scenarios import tokens
+    from kvclaims.sources.scenarios import tokens
 
     rng = random.Random(seed)
     system = tokens(3000, 1)
@@ -192,8 +192,8 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
     from vllm.v1.core.sched.scheduler import Scheduler
 
     import kvclaims.recorder.scheduler as rs
-    from kvclaims.recorder.scenarios import Driver, engine_args
-    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.sources.scenarios import Driver, engine_args
+    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     # NOTE: the class vLLM itself would build for this config, timed; the recorder's async
     # variant by name, as a timed subclass is not upgraded by KVClaimsScheduler.__new__.
@@ -224,7 +224,7 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
 
 def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]) -> None:
     """Run every phase on every engine, stepping the engines in turn (the order reversed at
-    each turn, so each engine follows the other as often as itself). On failure every engine
+    each turn, so each engine follows the other as itself). On failure every engine
     is shut down before the error propagates."""
     order = list(drivers)
     try:
@@ -371,7 +371,7 @@ def lockstep_run(shape: str, tmp: Path, utils: Any,
     from vllm.v1.request import Request as VRequest
 
     import kvclaims.recorder.scheduler as rs
-    from kvclaims.recorder.scenarios import BLOCK_SIZE
+    from kvclaims.sources.scenarios import BLOCK_SIZE
 
     phases, usable = SHAPES[shape]()
     init_none_hash(sha256)
@@ -454,10 +454,10 @@ def _thread_cpu_s(thread: threading.Thread) -> float:
 
 
 def writer_sustained(events: list[tuple[str, dict]], tmp: Path) -> tuple[float, float, int]:
-    """Emit everything as fast as possible from a producer thread; (events/s wall through
+    """Emit everything as possible from a producer thread; (events/s wall through
     close, events per writer-thread CPU second, events dropped)."""
     from kvclaims.recorder.buffer import EventBuffer
-    from kvclaims.recorder.trace_writer import RunWriter
+    from kvclaims.contract.trace_writer import RunWriter
 
     buf = EventBuffer(RunWriter(tmp / "sustained", {"run_id": "w"}), "w",
                       capacity=len(events) + 16)
@@ -485,7 +485,7 @@ def writer_offered(events: list[tuple[str, dict]], rate: int, window_s: float, c
     """Offer ``rate`` events/s for ``window_s`` s; (emitted, dropped, recorder_gap rows)."""
     from kvclaims.reconstruct.loader import load_runs
     from kvclaims.recorder.buffer import EventBuffer
-    from kvclaims.recorder.trace_writer import RunWriter
+    from kvclaims.contract.trace_writer import RunWriter
 
     buf = EventBuffer(RunWriter(out, {"run_id": "o"}), "o", capacity=capacity)
     emit = buf.emit

@@ -27,7 +27,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from kvclaims.dashboard import charts, data, report  # noqa: E402
-from kvclaims.recorder.schema import InputError  # noqa: E402
+from kvclaims.contract.schema import InputError  # noqa: E402
 
 #: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
 PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"),

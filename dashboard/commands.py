@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 APP = Path(__file__).resolve().parent / "app.py"
 LOCAL = "127.0.0.1"

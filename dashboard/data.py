@@ -29,7 +29,7 @@ from typing import Any, Final, TypeAlias
 
 import pandas as pd
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 PathLike: TypeAlias = "str | Path"
 
@@ -166,7 +166,7 @@ def load_audit(paths: Sequence[PathLike],
     """Load and reconstruct the run directories ``paths`` names (run or sweep directories),
     apply the SQL library and fetch what the pages show.
 
-    Raises ``kvclaims.recorder.schema.InputError`` (a ``TraceError``, naming the file) when a path is
+    Raises ``kvclaims.contract.schema.InputError`` (a ``TraceError``, naming the file) when a path is
     not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
     """
     if isinstance(paths, (str, Path)):
@@ -358,8 +358,8 @@ def _occupancy(con: Any, runs: pd.DataFrame) -> pd.DataFrame:
     NOTE: only the code's own constants (policy names, modes) are formatted into the SQL,
     never a trace string; the runs' policies are joined from ``run_started`` in SQL.
     """
-    from kvclaims.recorder.policies import POLICIES
-    from kvclaims.recorder.schema import PINNING_MODES
+    from kvclaims.contract.policies import POLICIES
+    from kvclaims.contract.schema import PINNING_MODES
 
     def lit(v: str) -> str:
         return "'" + v.replace("'", "''") + "'"

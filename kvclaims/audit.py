@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 #: Tables the reconstruction builds that the audit shows (besides ``events`` and
 #: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
@@ -199,18 +199,17 @@ def _code_version() -> str:
     that drives it, the vocabulary): a stamp written by other code is never trusted."""
     h = hashlib.sha256()
     for package, pattern in (("kvclaims.reconstruct", "*.py"),
-                             ("kvclaims.reconstruct", "sql/*.sql")):
+                             ("kvclaims.reconstruct", "sql/*.sql"),
+                             ("kvclaims.contract", "*.py")):
         root = Path(str(resources.files(package)))
         for f in sorted(root.glob(pattern)):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
-    for module in ("schema.py", "policies.py"):
-        h.update(Path(str(resources.files("kvclaims.recorder"))).joinpath(module).read_bytes())
     return h.hexdigest()
 
 
 def _fingerprint(run: Any) -> dict[str, Any]:
     """What a run directory holds now (manifest bytes, each segment's size and mtime)."""
-    from kvclaims.recorder.trace_writer import MANIFEST_NAME
+    from kvclaims.contract.trace_writer import MANIFEST_NAME
 
     manifest = (run.path / MANIFEST_NAME).read_bytes()
     return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),

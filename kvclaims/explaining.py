@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 #: A loss label in plain words, for someone who does not know our internals.
 LABEL_WORDS: Final[dict[str, str]] = {
@@ -637,8 +637,8 @@ class _Facts:
 def derive_lowering(policy: str | None, mode: str | None,
                     manifest_json: str | None = None) -> dict[str, Any]:
     """The lowering verdict when the trace has no ``lowering`` table: from the manifest's
-    ``enforcement`` section, else from the run policy (``kvclaims.recorder.policies``)."""
-    from kvclaims.recorder.policies import MODE_ENFORCEMENT, POLICIES
+    ``enforcement`` section, else from the run policy (``kvclaims.contract.policies``)."""
+    from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
     from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
 
     note = "derived from the run policy: this trace has no lowering table"

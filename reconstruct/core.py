@@ -38,9 +38,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
-from kvclaims.recorder.schema import PROTECTION_MODES, RESIDENCY_MODES
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
+from kvclaims.contract.schema import PROTECTION_MODES, RESIDENCY_MODES
+from kvclaims.contract.schema import InputError
 from kvclaims.reconstruct import labels
 
 # The reconstructed tables, in the order they are built and written.
@@ -55,7 +55,7 @@ STAGES: Final[tuple[str, ...]] = (
     "06_findings.sql", "07_conformance.sql")
 
 # Policy names written by the paper's prototype (imported traces keep them) that enforce claims.
-# NOTE: our own policies say it themselves (kvclaims.recorder.policies.POLICIES[...].enforce).
+# NOTE: our own policies say it themselves (kvclaims.contract.policies.POLICIES[...].enforce).
 PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
     "hard_resident_exclude": "hard_protected",
     "live_scheduler_hard_exclude_pressure": "hard_protected",
@@ -236,13 +236,13 @@ def _policies_table() -> pa.Table:
 
 
 def _modes_table() -> pa.Table:
-    """Every protection mode with what an enforcing policy does with it (recorder/policies.py):
+    """Every protection mode with what an enforcing policy does with it (kvclaims/contract/policies.py):
     the fallback of the ``lowering`` table when a manifest has no lowering section.
 
-    ``enforced_verdict`` comes from ``kvclaims.recorder.policies.ENFORCED_LOWERING`` where the recorder
+    ``enforced_verdict`` comes from ``kvclaims.contract.policies.ENFORCED_LOWERING`` where the recorder
     defines it (NULL otherwise: the SQL then derives it, docs/conformance.md "Lowering").
     """
-    from kvclaims.recorder import policies
+    from kvclaims.contract import policies
 
     enforced: dict[str, tuple[str, str]] = getattr(policies, "ENFORCED_LOWERING", {})
     rows = [{"mode": m,
@@ -571,7 +571,7 @@ def load_jsonl(paths: Sequence[str | Path] | str | Path) -> pa.Table:
     and ``kvclaims.open``.
     """
     from kvclaims.reconstruct import loader
-    from kvclaims.importers.jsonl import read_jsonl
+    from kvclaims.sources.jsonl import read_jsonl
 
     if isinstance(paths, (str, Path)):
         paths = [paths]

@@ -43,7 +43,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 # The tables every fleet dataset holds (a stage may add more, e.g. ``lowering``: those are
 # written too): the events themselves (sealed), the manifests, every reconstructed table.

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
+from kvclaims.contract.schema import LABEL_SEVERITY, RESIDENCY_MODES
 
 
 def _shield_llvmlite() -> None:
@@ -86,7 +86,7 @@ EVENT_CODES: Final[dict[str, int]] = {
     "request_refused": EV_ADMISSION, "request_preempted": EV_ADMISSION,
 }
 
-# Labels: their codes ARE their severity (kvclaims.recorder.schema.LABEL_SEVERITY, one source).
+# Labels: their codes ARE their severity (kvclaims.contract.schema.LABEL_SEVERITY, one source).
 EVICTION: Final[int] = LABEL_SEVERITY["eviction"]
 RELAXATION: Final[int] = LABEL_SEVERITY["relaxation"]
 EXPIRY: Final[int] = LABEL_SEVERITY["expiry"]

@@ -33,9 +33,9 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
+from kvclaims.contract.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
                              SCHEMA_VERSION, InputError)
-from kvclaims.recorder.trace_writer import (CHECKSUM_SCHEME, HEADER_RECORD_BATCH, HEADER_SCHEMA,
+from kvclaims.contract.trace_writer import (CHECKSUM_SCHEME, HEADER_RECORD_BATCH, HEADER_SCHEMA,
                                    MANIFEST_NAME, SEALED_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX,
                                    batch_group_crc, find_checksum_tag, message_header)
 

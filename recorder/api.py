@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 
 def claim_args(claim_id: str, *, tenant: str | None = None, protection_mode: str | None = None,

@@ -59,10 +59,10 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from kvclaims.recorder.batches import KINDS as _KINDS
-from kvclaims.recorder.batches import build_batch, value_problem
-from kvclaims.recorder.schema import EVENTS, RECORDER_VERSION, SCHEMA_VERSION, InputError
-from kvclaims.recorder.trace_writer import RunWriter
+from kvclaims.contract.batches import KINDS as _KINDS
+from kvclaims.contract.batches import build_batch, value_problem
+from kvclaims.contract.schema import EVENTS, RECORDER_VERSION, SCHEMA_VERSION, InputError
+from kvclaims.contract.trace_writer import RunWriter
 
 # Pending events as four parallel lists: seqs, ts_ns, event names, field dicts (the emit()
 # kwargs). NOTE: parallel lists, not a tuple per event: the kwargs dict of ints and strings is

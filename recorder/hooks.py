@@ -19,16 +19,11 @@ NOTE: invariants
   (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
   ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
   function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
-  proxy object on every call;
-- where the compiled module ``_hooks`` (``_hooks.c``) is built, the hooks it has a body for
-  (``COMPILED``, and the scheduler's ``add_request`` / ``_free_request``) are its C bodies,
-  which stage the same entries as the Python methods (their twins) and hand every other case
-  to them; ``KVCLAIMS_HOOKS=python`` keeps the Python methods.
+  proxy object on every call.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from time import monotonic_ns as _now
@@ -46,37 +41,10 @@ _FREED = layout(("request_id",), ("block_id",))
 _EVICTED = layout(("cause", "by_request_id"), ("block_id", "block_hash"))
 _CACHED = layout(("request_id",), ("block_id", "block_hash", "parent_hash", "position"))
 HIT = layout(("request_id",), ("block_id", "block_hash", "position"))  # the scheduler's
-# the hooks ``_hooks.c`` has a C body for
-COMPILED = frozenset({"pop", "get_new_blocks", "free_blocks", "cache_full_blocks",
-                      "allocate_slots", "free"})
-
-
-def compiled_module() -> Any:
-    """The compiled module ``_hooks`` (configured), or None where it was not built."""
-    try:
-        from kvclaims.recorder import _hooks  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    _hooks.configure(_EVICTED, _ALLOCATED, _FREED, _CACHED, HIT)
-    return _hooks
-
-
-def compiled_hooks() -> Any:
-    """The compiled hook bodies (``_hooks.c``) an engine built now uses, or None: not built,
-    or ``KVCLAIMS_HOOKS=python``."""
-    if os.environ.get("KVCLAIMS_HOOKS", "").strip().lower() == "python":
-        return None
-    return compiled_module()
-
-
-def recording_class(base: type, mixin: type, names: Sequence[str], fast: Any) -> type:
-    """``mixin`` over ``base`` (vLLM's class): vLLM's methods ``names`` kept as ``kvc_base_*``
-    class attributes, and each hook in ``COMPILED`` as its C body from ``fast`` (the engine's
-    ``compiled_hooks()``; None: the Python methods)."""
+def recording_class(base: type, mixin: type, names: Sequence[str]) -> type:
+    """``mixin`` over ``base`` (vLLM's class), vLLM's methods ``names`` kept as ``kvc_base_*``
+    class attributes."""
     ns: dict[str, Any] = {f"kvc_base_{n}": getattr(base, n) for n in names}
-    if fast is not None:
-        ns.update({n: fast.Hook(n, getattr(base, n), getattr(mixin, n))
-                   for n in names if n in COMPILED})
     return type(f"Recording{base.__name__}", (mixin, base), ns)
 
 
@@ -246,8 +214,7 @@ class RecordingBlockPool:
         """Mix ``RecordingHashIndex`` into the pool's current prefix-cache index."""
         index = self.cached_block_hash_to_block
         if not isinstance(index, RecordingHashIndex):
-            index.__class__ = recording_class(type(index), RecordingHashIndex, ("pop",),
-                                              self.kvc_sched.kvc_hooks)
+            index.__class__ = recording_class(type(index), RecordingHashIndex, ("pop",))
         index.kvc_pool = self
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
@@ -436,7 +403,7 @@ def install(scheduler: KVClaimsMixin) -> None:
     for obj, mixin, names in ((pool, RecordingBlockPool,
                                ("get_new_blocks", "cache_full_blocks", "free_blocks")),
                               (manager, RecordingKVCacheManager, ("allocate_slots", "free"))):
-        obj.__class__ = recording_class(type(obj), mixin, names, scheduler.kvc_hooks)
+        obj.__class__ = recording_class(type(obj), mixin, names)
         obj.kvc_sched = scheduler
     # NOTE: the references every hook reads, set once here (none of them is ever rebound)
     pool.kvc_arbiter = scheduler.kvc_arbiter

@@ -48,9 +48,9 @@ from kvclaims.recorder import hooks
 from kvclaims.recorder.arbiter import ClaimArbiter
 from kvclaims.recorder.buffer import EventBuffer
 from kvclaims.recorder.claims import declared_claim_id, raw_claim, release_ids
-from kvclaims.recorder.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
-from kvclaims.recorder.schema import InputError
-from kvclaims.recorder.trace_writer import RunWriter
+from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES, get_policy, lowering
+from kvclaims.contract.schema import InputError
+from kvclaims.contract.trace_writer import RunWriter
 
 logger = logging.getLogger("kvclaims.recorder")
 
@@ -104,11 +104,6 @@ class KVClaimsMixin:
     # tests build one with object.__new__ and set its attributes by hand) is plain vLLM:
     # every override below passes straight through.
     kvc_ready: bool = False
-    # NOTE: True (set with kvc_ready) when this engine's hooks are compiled: the compiled
-    # add_request / _free_request then record; else they hand every call to the methods below
-    kvc_compiled: bool = False
-    kvc_hooks: Any = None  # the compiled module this engine's hooks use (kvc_setup decides)
-    kvc_reason_text = _REASON_TEXT  # read by the compiled _free_request
     kvc_refusal_reason = REFUSAL_STOP_REASON
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
@@ -124,8 +119,6 @@ class KVClaimsMixin:
             logger.error("kvclaims: %s; recording with policy 'native'", exc)
             policy = POLICIES["native"]
         self.kvc_policy = policy
-        # NOTE: decided once per engine: the manifest and every installed hook agree
-        self.kvc_hooks = hooks.compiled_hooks()
         self.kvc_run_id = str(cfg.get("run_id") or f"run-{time.strftime('%Y%m%dT%H%M%S')}-"
                               f"{uuid.uuid4().hex[:6]}")
         pool = self.kv_cache_manager.block_pool
@@ -166,7 +159,6 @@ class KVClaimsMixin:
             lookup=lambda key: hooks.cached_blocks(pool, key),
             max_protected_blocks_per_tenant=limit, emit_many=self.kvc_emit_many)
         hooks.install(self)
-        self.kvc_compiled = self.kvc_hooks is not None
         self.kvc_ready = True
         logger.info("kvclaims: recording run %s (policy %s, %s) to %s", self.kvc_run_id,
                     policy.name, type(self).__name__, out)
@@ -186,8 +178,7 @@ class KVClaimsMixin:
             "num_blocks": int(self.kvc_num_blocks), "usable_blocks": int(self.kvc_usable_blocks),
             "policy": policy.name, "hardware": describe_hardware(),
             "scheduler": type(self).__name__,
-            # the hooks' bodies: compiled (recorder/_hooks.c) or their Python twins
-            "hooks": "python" if self.kvc_hooks is None else "compiled",
+            "hooks": "python",
             "enforcement": {"policy": policy.summary,
                             "modes": MODE_ENFORCEMENT if policy.enforce else
                             {m: "recorded only (policy does not enforce)" if m != "offloadable"
@@ -451,24 +442,6 @@ class KVClaimsAsyncScheduler(KVClaimsScheduler, AsyncScheduler):
     NOTE: MRO: KVClaimsAsyncScheduler, KVClaimsScheduler, KVClaimsMixin, AsyncScheduler,
     Scheduler: every hook's ``super()`` reaches AsyncScheduler's overrides first.
     """
-
-
-def _compile_request_hooks() -> None:
-    """Give both schedulers the compiled ``add_request`` and ``_free_request`` where built.
-
-    NOTE: chosen per class at import, used per engine: each engine's ``kvc_compiled`` (from
-    ``KVCLAIMS_HOOKS`` when it is built) says whether they record or hand every call to the
-    ``KVClaimsMixin`` methods, their Python twins.
-    """
-    fast = hooks.compiled_module()
-    if fast is None:
-        return
-    for cls, base in ((KVClaimsScheduler, Scheduler), (KVClaimsAsyncScheduler, AsyncScheduler)):
-        for name in ("add_request", "_free_request"):
-            setattr(cls, name, fast.Hook(name, getattr(base, name), getattr(KVClaimsMixin, name)))
-
-
-_compile_request_hooks()
 
 
 def describe_hardware() -> dict[str, Any]:

@@ -20,13 +20,13 @@ def record_run(tmp_path_factory: pytest.TempPathFactory) -> Recorder:
     """``record_run(scenario, policy=None, usable=None)`` -> (run_dir, client view).
 
     Each (scenario, policy, usable) is recorded once per session on a fresh vLLM engine;
-    ``scenario`` is a built-in name or a ``kvclaims.recorder.scenarios.Scenario``.
+    ``scenario`` is a built-in name or a ``kvclaims.sources.scenarios.Scenario``.
     """
     cache: dict[tuple[str, str | None, int | None], tuple[Path, dict[str, Any]]] = {}
 
     def record_once(scenario: Any, policy: str | None = None,
                     usable: int | None = None) -> tuple[Path, dict[str, Any]]:
-        from kvclaims.recorder.scenarios import record
+        from kvclaims.sources.scenarios import record
 
         name = scenario if isinstance(scenario, str) else scenario.name
         key = (name, policy, usable)

@@ -1,4 +1,4 @@
-"""Importer of the paper prototype's JSON Lines telemetry (kvclaims/importers/arbiter.py).
+"""Importer of the paper prototype's JSON Lines telemetry (kvclaims/sources/arbiter_traces.py).
 
 Real inputs only: the eight shipped reference traces (traces/arbiter-prototype/) and small
 hand-written fixtures in the prototype's vocabulary (tests/fixtures/arbiter/: a 6-block
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvclaims.importers.arbiter import (
+from kvclaims.sources.arbiter_traces import (
     REPEAT_ADMISSION,
     RUNTIME,
     RUNTIME_VERSION,
@@ -22,7 +22,7 @@ from kvclaims.importers.arbiter import (
     convert_lines,
     parse_block_hash,
 )
-from kvclaims.recorder.schema import InputError, check_event, hash64
+from kvclaims.contract.schema import InputError, check_event, hash64
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "traces" / "arbiter-prototype"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvclaims.recorder.scenarios import Driver, Scenario, tokens
+from kvclaims.sources.scenarios import Driver, Scenario, tokens
 from tests.conftest import client, query, request_id, scalar
 
 pytestmark = pytest.mark.vllm
@@ -272,8 +272,8 @@ def test_release_claim_helper_works_through_llm(tmp_path: Path):
     from vllm.inputs import TokensPrompt
 
     from kvclaims.recorder.api import claim_args, release_claim
-    from kvclaims.recorder.scenarios import engine_args
-    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.sources.scenarios import engine_args
+    from kvclaims.sources.tiny_model import ensure_tiny_model
     from kvclaims.reconstruct.loader import load_runs
 
     cfg = {"out": str(tmp_path / "run"), "policy": "hard_protected", "run_id": "api"}

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kvclaims.recorder.buffer import EventBuffer, event_problem
-from kvclaims.recorder.schema import SCHEMA_VERSION, InputError
-from kvclaims.recorder.trace_writer import RunWriter
+from kvclaims.contract.schema import SCHEMA_VERSION, InputError
+from kvclaims.contract.trace_writer import RunWriter
 from kvclaims.reconstruct.loader import load_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,7 +272,7 @@ def test_run_id_must_match_the_writer(tmp_path: Path) -> None:
 
 def test_close_runs_at_interpreter_exit(tmp_path: Path) -> None:
     script = (
-        "from kvclaims.recorder.trace_writer import RunWriter\n"
+        "from kvclaims.contract.trace_writer import RunWriter\n"
         "from kvclaims.recorder.buffer import EventBuffer\n"
         f"buf = EventBuffer(RunWriter({str(tmp_path / 'run')!r}, {{'run_id': 'r1'}}), 'r1')\n"
         "buf.emit('block_allocated', block_id=1, request_id='a')\n"  # no close(): atexit does it
@@ -286,7 +286,7 @@ def test_close_runs_at_interpreter_exit(tmp_path: Path) -> None:
 def test_killed_process_leaves_a_readable_incomplete_run(tmp_path: Path) -> None:
     script = (
         "import os\n"
-        "from kvclaims.recorder.trace_writer import RunWriter\n"
+        "from kvclaims.contract.trace_writer import RunWriter\n"
         "from kvclaims.recorder.buffer import EventBuffer\n"
         f"buf = EventBuffer(RunWriter({str(tmp_path / 'run')!r}, {{'run_id': 'r1'}}), 'r1')\n"
         "buf.emit('block_allocated', block_id=1, request_id='a')\n"

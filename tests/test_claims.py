@@ -9,7 +9,7 @@ import pytest
 
 from kvclaims.recorder.arbiter import ClaimArbiter
 from kvclaims.recorder.claims import ClaimDeclaration, Rejection, parse_claim, raw_claim, release_ids
-from kvclaims.recorder.policies import POLICIES
+from kvclaims.contract.policies import POLICIES
 
 
 def test_nested_claim_is_read_from_extra_args():
@@ -243,7 +243,7 @@ def test_hard_protected_claim_is_accepted_where_offloadable_is_not():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_lowering_rejects_offloadable_under_every_policy(policy):
-    from kvclaims.recorder.policies import lowering
+    from kvclaims.contract.policies import lowering
 
     verdicts = {m: v["verdict"] for m, v in lowering(POLICIES[policy]).items()}
     assert verdicts["offloadable"] == "rejected"

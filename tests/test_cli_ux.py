@@ -204,7 +204,7 @@ def _sweep_copy(tmp_path: Path, capacities: tuple[int, ...]) -> Path:
 
 
 def test_sweep_json_is_one_array_of_rows_with_fixed_keys(tmp_path: Path) -> None:
-    from kvclaims.recording import SWEEP_COLUMNS
+    from kvclaims.cli.record import SWEEP_COLUMNS
 
     out = _sweep_copy(tmp_path, (80, 90))  # complete points: nothing is recorded again
     done = _cli("sweep", "--capacities", "90,80", "--policies", "native", "--out", str(out),
@@ -230,13 +230,13 @@ def test_sweep_text_starts_with_a_summary_and_aligns_numbers(tmp_path: Path) -> 
 
 
 def test_sweep_rows_of_no_runs_is_an_empty_list() -> None:
-    from kvclaims.recording import sweep_rows
+    from kvclaims.cli.record import sweep_rows
 
     assert sweep_rows([]) == []
 
 
 def test_record_losses_by_label_is_an_object_even_when_nothing_was_lost() -> None:
-    from kvclaims.recording import _claims_and_losses
+    from kvclaims.cli.record import _claims_and_losses
 
     claims, losses = _claims_and_losses(SWEEP / "resident60_active70-hard_protected-80")
     assert losses == {} and [c["outcome"] for c in claims] == ["preserved"]

@@ -10,8 +10,8 @@ import pytest
 
 from kvclaims.cli import main
 from kvclaims.reconstruct import core, loader
-from kvclaims.generators import shapes
-from kvclaims.importers.jsonl import events_to_table
+from kvclaims.sources import shapes
+from kvclaims.sources.jsonl import events_to_table
 
 Events = list[dict]
 FIX = Path(__file__).parent / "fixtures"

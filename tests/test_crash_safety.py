@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.recorder_cost import workload
-from kvclaims.recorder import trace_writer
-from kvclaims.recorder.batches import build_batch
+from kvclaims.contract import trace_writer
+from kvclaims.contract.batches import build_batch
 from kvclaims.recorder.buffer import EventBuffer
-from kvclaims.recorder.trace_writer import RunWriter, WriteError, segment_name
+from kvclaims.contract.trace_writer import RunWriter, WriteError, segment_name
 from kvclaims.reconstruct.loader import group_checksum, load_runs, scan_stream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_a_sigkill_while_recording_leaves_a_loadable_prefix(tmp_path: Path) -> N
         import sys; sys.path.insert(0, {str(ROOT)!r})
         from benchmarks.recorder_cost import workload
         from kvclaims.recorder.buffer import EventBuffer
-        from kvclaims.recorder.trace_writer import RunWriter
+        from kvclaims.contract.trace_writer import RunWriter
         buf = EventBuffer(RunWriter({str(run)!r}, {{"run_id": "k"}}), "k",
                           flush_interval_s=0.01, batch_events=500)
         events = workload(20000)

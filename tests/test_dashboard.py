@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from kvclaims.dashboard import data
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "dashboard" / "app.py"
@@ -93,7 +93,7 @@ def test_sweep_native_at_80_is_served_and_loses_50_resident_blocks_as_harm(
 
 
 def test_capacity_sweep_shows_the_same_rows_as_kvclaims_sweep(audit: data.Audit) -> None:
-    from kvclaims.recording import SWEEP_COLUMNS, sweep_rows
+    from kvclaims.cli.record import SWEEP_COLUMNS, sweep_rows
 
     cli = sweep_rows(sorted(p for p in SWEEP.iterdir() if p.is_dir()))
     shown = data.capacity_sweep(audit, "resident60_active70")
@@ -215,7 +215,7 @@ def test_claim_timeline_of_a_demoted_claim_shows_relaxation_after_demotion(
 def reused(tmp_path_factory: pytest.TempPathFactory) -> data.Audit:
     """tests/fixtures/reuse_demoted.jsonl: claim:a demoted, then submitted again (a second
     instance), whose block is then evicted."""
-    from kvclaims.importers.jsonl import import_jsonl
+    from kvclaims.sources.jsonl import import_jsonl
 
     (run,) = import_jsonl(REPO / "tests" / "fixtures" / "reuse_demoted.jsonl",
                           tmp_path_factory.mktemp("reuse") / "run")
@@ -300,7 +300,7 @@ def test_conformance_of_shipped_runs_passes_or_is_not_exercised(audit: data.Audi
 
 def test_a_trace_with_a_recorder_gap_shows_a_hole_finding_and_unknown_verdicts(
         tmp_path: Path) -> None:
-    from kvclaims.importers.jsonl import import_jsonl
+    from kvclaims.sources.jsonl import import_jsonl
 
     run = import_jsonl(REPO / "tests" / "fixtures" / "gap.jsonl", tmp_path / "gap")
     gap = data.load_audit(run)
@@ -512,7 +512,7 @@ def _evil_run(tmp_path: Path, url: str) -> Path:
     request id are markdown/HTML that would fetch ``url`` if rendered."""
     import json
 
-    from kvclaims.importers.jsonl import import_jsonl
+    from kvclaims.sources.jsonl import import_jsonl
 
     names = {"tenant": ("tenant-a", f"![x]({url}/md.png)"),
              "claim_id": ("claim:a", f'<img src="{url}/html.png">'),

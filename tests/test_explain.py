@@ -15,7 +15,7 @@ import pytest
 import kvclaims
 from kvclaims.cli import main
 from kvclaims.explaining import Explanation, explain, tenants_by_harm
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 from tests.test_queries import check_golden
 
 REPO = Path(__file__).resolve().parents[1]

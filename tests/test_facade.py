@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 import kvclaims
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About 400 k synthetic events: claims harmed and released, resets."""
-    from kvclaims.generators import synthetic
+    from kvclaims.sources import synthetic
 
     out = tmp_path_factory.mktemp("facade") / "run"
     synthetic.write_trace(out, 400_000, 8, 2048, reset_every=997, run_id="facade-scale",

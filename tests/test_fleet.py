@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from kvclaims.recorder.trace_writer import RunWriter  # noqa: E402
+from kvclaims.contract.trace_writer import RunWriter  # noqa: E402
 from kvclaims.reconstruct import fleet  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
-from kvclaims.importers.jsonl import import_jsonl  # noqa: E402
+from kvclaims.sources.jsonl import import_jsonl  # noqa: E402
 from kvclaims.reconstruct.core import STAGES  # noqa: E402
 from kvclaims.reconstruct.loader import load_runs  # noqa: E402
 
@@ -50,7 +50,7 @@ def _split_into_segments(src: Path, dst: Path, rows_per_segment: int = 40) -> Pa
 
 
 def _to_writer_schema(batch: pa.RecordBatch) -> pa.RecordBatch:
-    from kvclaims.recorder.schema import ARROW_SCHEMA
+    from kvclaims.contract.schema import ARROW_SCHEMA
 
     cols = []
     for field in ARROW_SCHEMA:
@@ -71,7 +71,7 @@ def fleet_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         runs.append(dst)
     runs.append(_split_into_segments(SHIPPED[0], base / "split"))
     runs += import_jsonl(FIX / "gap.jsonl", base / "gap")
-    from kvclaims.generators.synthetic import write_trace
+    from kvclaims.sources.synthetic import write_trace
 
     # a generated, claim-dense run with pool pressure (the fleet benchmark's generator)
     write_trace(base / "generated", 3000, n=4, pool=256, reset_every=50, run_id="generated",
@@ -229,7 +229,7 @@ def test_view_transpiles_duckdb_only_constructs() -> None:
 
 
 def test_fleet_refuses_a_non_empty_output(tmp_path: Path, fleet_dirs: list[Path]) -> None:
-    from kvclaims.recorder.schema import InputError
+    from kvclaims.contract.schema import InputError
 
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(InputError, match="not empty"):
@@ -237,7 +237,7 @@ def test_fleet_refuses_a_non_empty_output(tmp_path: Path, fleet_dirs: list[Path]
 
 
 def test_fleet_refuses_a_pattern_matching_nothing(tmp_path: Path) -> None:
-    from kvclaims.recorder.schema import InputError
+    from kvclaims.contract.schema import InputError
 
     with pytest.raises(InputError):
         fleet.find_fleet_runs([str(tmp_path / "nothing-*")])

@@ -31,7 +31,7 @@ import pytest
 from benchmarks.recorder_cost import workload
 from kvclaims.cli import main
 from kvclaims.recorder.buffer import EventBuffer
-from kvclaims.recorder.trace_writer import RunWriter
+from kvclaims.contract.trace_writer import RunWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = int(os.environ.get("KVCLAIMS_FUZZ_CASES", "10000"))
@@ -322,7 +322,7 @@ def test_stdout_closed_early_exits_quietly(work: Path) -> None:
 
 def test_an_interrupt_is_status_130_without_a_traceback(
         work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvclaims.importers import jsonl
+    from kvclaims.sources import jsonl
 
     def interrupted(*_a: object, **_k: object) -> None:
         signal.raise_signal(signal.SIGINT)  # a real SIGINT, as Ctrl-C sends

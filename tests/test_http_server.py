@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kvclaims.recorder.scenarios import tokens
-from kvclaims.recorder.tiny_model import ensure_tiny_model
+from kvclaims.sources.scenarios import tokens
+from kvclaims.sources.tiny_model import ensure_tiny_model
 from tests.conftest import query, scalar
 
 pytestmark = pytest.mark.vllm

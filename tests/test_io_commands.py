@@ -153,7 +153,7 @@ def test_import_of_a_missing_file_is_exit_2(tmp_path: Path,
     assert "no such file" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kvclaims.importers.arbiter") is None,
+@pytest.mark.skipif(importlib.util.find_spec("kvclaims.sources.arbiter_traces") is None,
                     reason="the arbiter importer is not part of this tree")
 def test_import_from_arbiter_jsonl_refuses_our_own_format(
         jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,7 +174,7 @@ def test_console_script_runs_a_query(run_dir: Path) -> None:
 ARBITER_FIXTURE = REPO / "tests" / "fixtures" / "arbiter" / "hard_6_7_8.jsonl"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kvclaims.importers.arbiter") is None
+@pytest.mark.skipif(importlib.util.find_spec("kvclaims.sources.arbiter_traces") is None
                     or not ARBITER_FIXTURE.is_file(),
                     reason="the arbiter importer or its fixture is not part of this tree")
 def test_import_from_arbiter_jsonl_writes_a_queryable_run(

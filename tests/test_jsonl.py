@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvclaims.recorder.schema import ARROW_SCHEMA, COLUMNS, InputError, SchemaError
-from kvclaims.importers.jsonl import (event_to_json, export_jsonl, import_jsonl, read_jsonl,
+from kvclaims.contract.schema import ARROW_SCHEMA, COLUMNS, InputError, SchemaError
+from kvclaims.sources.jsonl import (event_to_json, export_jsonl, import_jsonl, read_jsonl,
                                validate_events)
 from kvclaims.reconstruct.loader import load_runs
 

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvclaims.cli import main
-from kvclaims.recorder import kv_events as kv
-from kvclaims.importers.declared_claims import HashScheme, load_claims
+from kvclaims.sources import kv_events as kv
+from kvclaims.sources.declared_claims import HashScheme, load_claims
 from tests.conftest import query, scalar
 
 vkv = pytest.importorskip("vllm.distributed.kv_events")
@@ -378,7 +378,7 @@ def test_text_claims_use_the_local_tokenizer(tmp_path):
     f = tmp_path / "claims.jsonl"
     f.write_text(json.dumps({"claim_id": "c", "tenant": "t", "text": " ".join(words[:32]),
                              "tokenizer": str(folder)}) + "\n")
-    from kvclaims.listening import load_declared
+    from kvclaims.cli.listen import load_declared
 
     (c,) = load_declared(f, SCHEME, BS, None)
     assert c.token_ids == list(range(3, 35))
@@ -388,7 +388,7 @@ def test_text_claims_use_the_local_tokenizer(tmp_path):
 def test_a_text_claim_without_a_tokenizer_is_refused(tmp_path):
     f = tmp_path / "claims.jsonl"
     f.write_text(json.dumps({"claim_id": "c", "tenant": "t", "text": "hello"}) + "\n")
-    from kvclaims.listening import load_declared
+    from kvclaims.cli.listen import load_declared
 
     with pytest.raises(kv.InputError, match="tokenizer"):
         load_declared(f, SCHEME, BS, None)

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvclaims.cli import main
-from kvclaims.recorder.scenarios import tokens
-from kvclaims.recorder.tiny_model import ensure_tiny_model
+from kvclaims.sources.scenarios import tokens
+from kvclaims.sources.tiny_model import ensure_tiny_model
 from tests.conftest import query, scalar
 from tests.test_http_server import _complete, _free_port, _wait_healthy
 

@@ -1,6 +1,6 @@
 """One behaviour per labelling rule, each with its negative twin (docs/reconstruction.md,
 "Labels"): claim instances, step-level predicates, mode promises, hook failures and the
-rebuilt feasibility. Fixtures: kvclaims/generators/shapes.py -> tests/fixtures/*.jsonl."""
+rebuilt feasibility. Fixtures: kvclaims/sources/shapes.py -> tests/fixtures/*.jsonl."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_admission_state_names_the_protecting_claim_instance() -> None:
 
 def _dense_feasibility(tmp_path: Path) -> core.Tables:
     import kvclaims
-    from kvclaims.generators import synthetic
+    from kvclaims.sources import synthetic
     synthetic.write_trace(tmp_path / "dense", 40_000, run_id="dense", progress=False,
                           shape=synthetic.SHAPES["dense"])
     return kvclaims.open([tmp_path / "dense"], reuse=False)

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 PARTS = ("recorder", "reconstruct", "queries", "dashboard")
 # The engine's hot path: modules that only ever run inside vLLM's scheduler.
 HOT_PATH = ("kvclaims.recorder.buffer", "kvclaims.recorder.hooks", "kvclaims.recorder.scheduler",
-            "kvclaims.recorder.arbiter", "kvclaims.recorder._hooks")
+            "kvclaims.recorder.arbiter")
 
 
 def _python(code: str, cwd: Path = REPO, extra_path: str | None = None,
@@ -61,14 +61,6 @@ def test_installed_package_holds_every_part_under_kvclaims(wheel: zipfile.ZipFil
     assert not any(n.startswith(("recorder/", "queries/", "dashboard/")) for n in names)
 
 
-def test_installed_package_carries_the_compiled_hooks(wheel: zipfile.ZipFile) -> None:
-    """recorder/_hooks.c is built into the wheel where a C compiler is (optional elsewhere)."""
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler on this machine")
-    assert any(n.startswith("kvclaims/recorder/_hooks.") and n.endswith((".so", ".pyd"))
-               for n in wheel.namelist())
-
-
 def test_vllm_plugin_entry_point_names_the_namespaced_module(wheel: zipfile.ZipFile) -> None:
     (ep,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
     text = wheel.read(ep).decode()
@@ -90,39 +82,11 @@ def test_unknown_kvclaims_subpackage_is_not_invented() -> None:
     assert done.returncode != 0 and "No module named 'kvclaims.tests'" in done.stderr
 
 
-def test_old_scheduler_path_is_the_same_class_with_a_deprecation_warning(tmp_path: Path) -> None:
-    # NOTE: run from elsewhere, so the checkout's own recorder/ folder is not on sys.path
-    done = _python("from kvclaims.recorder import plugin; plugin.register()\n"
-                   "import recorder.scheduler as old, kvclaims.recorder.scheduler as new\n"
-                   "print(old.KVClaimsScheduler is new.KVClaimsScheduler)", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True"
-    assert "recorder.scheduler is deprecated: use kvclaims.recorder.scheduler" in done.stderr
-
-
-def test_old_scheduler_path_does_not_exist_without_the_plugin(tmp_path: Path) -> None:
-    # NOTE: as installed: a checkout on sys.path has its own top-level recorder/ folder
-    done = _python("import kvclaims.recorder.scheduler\nimport recorder.scheduler", cwd=tmp_path,
-                   checkout=False)
-    assert done.returncode != 0 and "No module named 'recorder'" in done.stderr
-
-
-def test_old_path_alias_leaves_someone_elses_recorder_package_alone(tmp_path: Path) -> None:
-    other = tmp_path / "site" / "recorder"
-    other.mkdir(parents=True)
-    (other / "__init__.py").write_text("WHO = 'someone else'\n")
-    done = _python("from kvclaims.recorder import plugin; plugin.register()\n"
-                   "import recorder; print(recorder.WHO)", cwd=tmp_path,
-                   extra_path=str(tmp_path / "site"))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "someone else"
-
-
 def test_offline_side_never_imports_the_engine_hot_path() -> None:
     done = _python("import sys\n"
-                   "import kvclaims.audit, kvclaims.io_commands, kvclaims.reconstruct_commands\n"
-                   "import kvclaims.importers.jsonl, kvclaims.importers.arbiter\n"
-                   "import kvclaims.generators.synthetic, kvclaims.generators.shapes\n"
+                   "import kvclaims.audit, kvclaims.cli.io, kvclaims.cli.reconstruct\n"
+                   "import kvclaims.sources.jsonl, kvclaims.sources.arbiter_traces\n"
+                   "import kvclaims.sources.synthetic, kvclaims.sources.shapes\n"
                    "import kvclaims.reconstruct.core, kvclaims.reconstruct.loader\n"
                    f"print(sorted(m for m in sys.modules if m in {HOT_PATH!r} "
                    "or m.split('.')[0] == 'vllm'))")

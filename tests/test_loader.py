@@ -9,10 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from kvclaims.recorder.batches import build_batch
+from kvclaims.contract.batches import build_batch
 from kvclaims.recorder.buffer import EventBuffer
-from kvclaims.recorder.schema import ARROW_SCHEMA, COLUMNS, SCHEMA_VERSION
-from kvclaims.recorder.trace_writer import RunWriter, segment_name
+from kvclaims.contract.schema import ARROW_SCHEMA, COLUMNS, SCHEMA_VERSION
+from kvclaims.contract.trace_writer import RunWriter, segment_name
 from kvclaims.reconstruct.loader import (EVENTS_SCHEMA, TraceError, batch_reader, iter_batches,
                                          load_runs, parquet_file, scan_stream)
 
@@ -457,7 +457,7 @@ def test_a_sealed_file_failing_midway_resumes_from_the_segments_without_duplicat
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow.parquet as pq
 
-    from kvclaims.recorder import trace_writer
+    from kvclaims.contract import trace_writer
 
     monkeypatch.setattr(trace_writer, "SEAL_ROW_GROUP", 8)
     run = tmp_path / "run"

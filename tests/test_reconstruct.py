@@ -11,7 +11,7 @@ import pytest
 
 from kvclaims.cli import main
 from kvclaims.reconstruct import core, loader
-from kvclaims.generators import shapes
+from kvclaims.sources import shapes
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -229,7 +229,7 @@ def test_removed_event_without_gap_is_a_seq_hole_and_unknown() -> None:
 
 
 def _table(events: list[dict], renumber: bool = True) -> pa.Table:
-    from kvclaims.importers.jsonl import events_to_table
+    from kvclaims.sources.jsonl import events_to_table
     if renumber:  # a mutated trace as a runtime would have written it: dense seqs
         events = [{**e, "seq": i} for i, e in enumerate(events)]
     batches = [loader.decode_batch(b) for b in events_to_table(events).to_batches()]
@@ -254,7 +254,7 @@ def test_cli_reconstruct_json_summary(tmp_path: Path, capsys) -> None:
 
 
 def test_cli_reconstruct_run_dir_writes_next_to_run(tmp_path: Path, capsys) -> None:
-    from kvclaims.importers.jsonl import import_jsonl
+    from kvclaims.sources.jsonl import import_jsonl
     run = tmp_path / "run"
     import_jsonl(FIX / "ttl_60_70_80.jsonl", run)
     assert main(["reconstruct", str(run)]) == 0

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvclaims.reconstruct import core, loader
-from kvclaims.importers.jsonl import events_to_table
-from kvclaims.recorder.schema import LABEL_SEVERITY, RESIDENCY_MODES
+from kvclaims.sources.jsonl import events_to_table
+from kvclaims.contract.schema import LABEL_SEVERITY, RESIDENCY_MODES
 
 CLAIMS = ("c1", "c2")
 HASHES = (11, 12, 13)

@@ -11,7 +11,7 @@ import pytest
 
 from kvclaims.audit import open_audit
 from kvclaims.reconstruct import core, labels, loader
-from kvclaims.generators import synthetic
+from kvclaims.sources import synthetic
 
 MEMORY_LIMIT = "64MB"
 

@@ -136,8 +136,8 @@ def test_hard_protected_claim_gets_no_runtime_harm_report(record_run):
 def test_unwritable_run_directory_does_not_stop_serving(tmp_path: Path):
     from vllm import EngineArgs, LLMEngine
 
-    from kvclaims.recorder.scenarios import Driver, engine_args
-    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.sources.scenarios import Driver, engine_args
+    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     blocker = tmp_path / "file"
     blocker.write_text("a run directory cannot be created below a regular file")
@@ -203,8 +203,8 @@ class ExplodingArbiterScheduler:
 def _faulty_run(out: Path, scheduler_cls: str) -> tuple[dict, int]:
     from vllm import EngineArgs, LLMEngine
 
-    from kvclaims.recorder.scenarios import Driver, engine_args, tokens
-    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.sources.scenarios import Driver, engine_args, tokens
+    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     cfg = {"out": str(out), "policy": "hard_protected", "run_id": "faulty"}
     args = engine_args(ensure_tiny_model(), 16, cfg)

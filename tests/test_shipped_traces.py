@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvclaims.recording import sweep_rows
+from kvclaims.cli.record import sweep_rows
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 SWEEP = TRACES / "sweep-resident60_active70"
@@ -141,7 +141,7 @@ def test_rerecorded_point_matches_the_shipped_one(live_sweep, rows) -> None:
 
 @pytest.mark.vllm
 def test_sweep_skips_points_already_complete(live_sweep) -> None:
-    from kvclaims.recording import sweep
+    from kvclaims.cli.record import sweep
 
     out, first = live_sweep
     manifest = out / "resident60_active70-hard_protected-80" / "manifest.json"
@@ -152,7 +152,7 @@ def test_sweep_skips_points_already_complete(live_sweep) -> None:
 
 @pytest.mark.vllm
 def test_sweep_records_again_a_point_left_incomplete(live_sweep) -> None:
-    from kvclaims.recording import sweep
+    from kvclaims.cli.record import sweep
 
     out, first = live_sweep
     manifest = out / "resident60_active70-hard_protected-80" / "manifest.json"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from kvclaims.recorder.batches import build_batch
-from kvclaims.recorder.schema import ARROW_SCHEMA, SCHEMA_VERSION, InputError, SchemaError
-from kvclaims.recorder.trace_writer import RunWriter, segment_name
+from kvclaims.contract.batches import build_batch
+from kvclaims.contract.schema import ARROW_SCHEMA, SCHEMA_VERSION, InputError, SchemaError
+from kvclaims.contract.trace_writer import RunWriter, segment_name
 
 
 def _batch(first_seq: int, n: int, request_id: str = "req-0") -> pa.RecordBatch:
@@ -276,7 +276,7 @@ def _hash_batch(values: list[int | None]) -> pa.RecordBatch:
 def test_siphash_matches_the_reference_test_vector() -> None:
     import numpy as np
 
-    from kvclaims.recorder.trace_writer import siphash64
+    from kvclaims.contract.trace_writer import siphash64
 
     # SipHash-2-4 reference vectors: key 00..0f, message 00..07 -> 62 24 93 9a 79 f5 f5 93
     msg = int.from_bytes(bytes(range(8)), "little")
@@ -417,7 +417,7 @@ def _token_windows_found(run_dir: Path, prompts: list[list[int]], width: int = 8
 
 
 def test_a_recorded_trace_holds_none_of_its_prompts_token_ids() -> None:
-    from kvclaims.recorder.scenarios import multi_tenant
+    from kvclaims.sources.scenarios import multi_tenant
 
     log = _PromptLog()
     multi_tenant(log, "hard_protected")  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvclaims.audit import open_audit
 from kvclaims.reconstruct import core
-from kvclaims.generators import shapes
+from kvclaims.sources import shapes
 from tests import verdict_shapes as vs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"

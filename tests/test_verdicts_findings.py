@@ -3,7 +3,7 @@ feasibility, fail-open hook failures, refused releases. Each with its negative t
 
 from __future__ import annotations
 
-from kvclaims.generators import shapes
+from kvclaims.sources import shapes
 from tests import verdict_shapes as vs
 
 

@@ -3,8 +3,8 @@ with each protection mode, from the manifest when it says, else derived with evi
 
 from __future__ import annotations
 
-from kvclaims.generators import shapes
-from kvclaims.recorder.schema import PROTECTION_MODES
+from kvclaims.sources import shapes
+from kvclaims.contract.schema import PROTECTION_MODES
 from tests import verdict_shapes as vs
 
 

@@ -1,7 +1,7 @@
 """Trace shapes for the verdict tests (docs/conformance.md): each shows one rule, and most
 take a flag that builds its negative twin.
 
-Built with ``kvclaims.generators.shapes.TraceBuilder`` (dense seqs, schema-checked events), in our
+Built with ``kvclaims.sources.shapes.TraceBuilder`` (dense seqs, schema-checked events), in our
 JSON Lines vocabulary; ``reconstruct_events`` turns them into reconstructed tables the way
 ``kvclaims reconstruct`` would, optionally with a manifest (``evidence``, ``lowering``).
 """
@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from kvclaims.reconstruct import core, loader
-from kvclaims.generators import shapes
-from kvclaims.importers.jsonl import events_to_table
-from kvclaims.generators.shapes import TraceBuilder, block_hash
-from kvclaims.generators.shapes import _cache  # a request caching n fresh blocks: one helper for both
+from kvclaims.sources import shapes
+from kvclaims.sources.jsonl import events_to_table
+from kvclaims.sources.shapes import TraceBuilder, block_hash
+from kvclaims.sources.shapes import _cache  # a request caching n fresh blocks: one helper for both
 
 Events = list[dict[str, Any]]
 CLAIM = "claim:doc"

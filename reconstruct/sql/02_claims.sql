@@ -52,7 +52,7 @@ WITH f AS (
 )
 SELECT
     f.*,
-    -- a claim that states no mode gets its run policy's default mode (recorder/policies.py)
+    -- a claim that states no mode gets its run policy's default mode (kvclaims/contract/policies.py)
     coalesce(f.declared_mode, p.default_mode) AS protection_mode,
     coalesce(r.enforcing, false) AND coalesce(f.declared_mode, p.default_mode) IN
         ('hard_protected', 'demotable', 'expiring') AS pinned_mode,

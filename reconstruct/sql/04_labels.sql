@@ -3,7 +3,7 @@
 -- rule table: kvclaims.reconstruct.labels.rule); this stage only selects and joins its outputs.
 
 -- One row per block loss with the most severe label of its claim instances
--- (kvclaims.recorder.schema.LABEL_SEVERITY: unknown > harm > expiry > relaxation > eviction).
+-- (kvclaims.contract.schema.LABEL_SEVERITY: unknown > harm > expiry > relaxation > eviction).
 CREATE OR REPLACE TABLE losses AS
 SELECT run_id, seq, ts_ns, block_id, block_hash, cause, by_request_id, label, claim_ids,
        decided_by_seq, decided_by_claim_id, claim_seq, was_resident, synthetic, step,

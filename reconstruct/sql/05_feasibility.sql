@@ -3,7 +3,7 @@
 -- (docs/reconstruction.md, "Feasibility").
 --
 -- protected_blocks: distinct cached blocks bound (a current binding, position < k) to claim
---   instances in force whose mode promises residency (kvclaims.recorder.schema.RESIDENCY_MODES), from
+--   instances in force whose mode promises residency (kvclaims.contract.schema.RESIDENCY_MODES), from
 --   the labelling pass's snapshot (kv_admission_state), whatever the runtime did with them.
 --   NOTE: with scheduler steps, the snapshot is the pool as the decision's step found it
 --   (vLLM allocates, and evicts, for a request before it records the decision).

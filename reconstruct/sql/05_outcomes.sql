@@ -74,7 +74,7 @@ WITH lost AS (
         f.release_seq, f.release_event, f.reported_harm_seq,
         CASE f.release_event
             WHEN 'claim_released' THEN rel.released_by
-            -- demotion and expiry are the arbiter's own (recorder/schema.py RELEASERS)
+            -- demotion and expiry are the arbiter's own (kvclaims/contract/schema.py RELEASERS)
             WHEN 'claim_demoted' THEN 'arbiter'
             WHEN 'claim_expired' THEN 'arbiter'
         END AS released_by,

@@ -497,7 +497,7 @@ ORDER BY d.run_id, d.ord;
 -- rejected | recorded only, with evidence. From the manifest's `lowering` section when it has
 -- the mode (source 'manifest'); else derived (source 'policy'): the trace's own decisions on
 -- that mode first (a rejection, an acceptance of a mode nothing can keep), then the run
--- policy and recorder/policies.py's per-mode verdicts (kv_modes). Rules: docs/conformance.md
+-- policy and kvclaims/contract/policies.py's per-mode verdicts (kv_modes). Rules: docs/conformance.md
 -- "Lowering".
 CREATE OR REPLACE TABLE lowering AS
 WITH mode_ev AS (

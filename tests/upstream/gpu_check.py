@@ -46,9 +46,9 @@ def check_async_kept(tmp: Path) -> None:
     from vllm import EngineArgs, LLMEngine
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from kvclaims.recorder.scenarios import engine_args
+    from kvclaims.sources.scenarios import engine_args
     from kvclaims.recorder.scheduler import KVClaimsAsyncScheduler
-    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     args = engine_args(ensure_tiny_model(), 120, {"out": str(tmp / "async-kept")})
     engine = LLMEngine.from_engine_args(EngineArgs(**args))

@@ -6,7 +6,7 @@ The paper's capacity probe (docs/design.md, "Conformance"; prior-art §1): a res
 resident chain tail first, so positions ``resident - lost .. resident - 1`` are lost and the
 leading ones survive.
 
-``python -m kvclaims.generators.shapes OUT_DIR`` writes every shape as ``OUT_DIR/<name>.jsonl`` (the
+``python -m kvclaims.sources.shapes OUT_DIR`` writes every shape as ``OUT_DIR/<name>.jsonl`` (the
 files in ``tests/fixtures/`` are made this way; a test checks they are up to date).
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from kvclaims.recorder.schema import RECORDER_VERSION, SCHEMA_VERSION, check_event
+from kvclaims.contract.schema import RECORDER_VERSION, SCHEMA_VERSION, check_event
 
 CLAIM: Final[str] = "claim:resident"
 

@@ -39,14 +39,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from kvclaims.recorder.schema import PROTECTION_MODES, InputError, hash64
+from kvclaims.contract.schema import PROTECTION_MODES, InputError, hash64
 
 HASH_ALGOS: Final[tuple[str, ...]] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # vLLM's NONE_HASH seed for the cryptographic algorithms when PYTHONHASHSEED is not set
 # (vllm/v1/core/kv_cache_utils.py: DEFAULT_NONE_HASH_SEED). The xxhash algorithms draw a random
 # seed per process unless PYTHONHASHSEED is set: their hashes can only be reproduced with it.
 DEFAULT_NONE_HASH_SEED: Final[str] = "vllm-none-hash"
-DEFAULT_MODE: Final[str] = "hard_protected"  # the native policy's default (recorder/policies.py)
+DEFAULT_MODE: Final[str] = "hard_protected"  # the native policy's default (kvclaims/contract/policies.py)
 START: Final[int] = -1  # wall time of "from": "start" (before any batch)
 
 _FIELDS: Final[frozenset[str]] = frozenset({

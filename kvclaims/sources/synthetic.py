@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from kvclaims.recorder.schema import ARROW_SCHEMA, SCHEMA_VERSION
-from kvclaims.recorder.trace_writer import RunWriter
-from kvclaims.importers.jsonl import events_to_table
+from kvclaims.contract.schema import ARROW_SCHEMA, SCHEMA_VERSION
+from kvclaims.contract.trace_writer import RunWriter
+from kvclaims.sources.jsonl import events_to_table
 
 EVENT_NAMES = ["request_arrived", "claim_submitted", "claim_accepted", "claim_bound",
                "request_admitted", "block_evicted", "block_allocated", "block_cached",

@@ -16,7 +16,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from kvclaims.recorder.schema import ARROW_SCHEMA, COLUMNS, ENVELOPE
+from kvclaims.contract.schema import ARROW_SCHEMA, COLUMNS, ENVELOPE
 
 _FIELD_COLUMNS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
 

@@ -4,7 +4,7 @@ One JSON object per line, with the same field names as the Arrow columns (docs/d
 export, keys follow the schema's column order and null fields are omitted; that is the
 *canonical* form, and canonical input survives JSONL -> run dir -> JSONL byte for byte.
 
-Every line is validated with ``kvclaims.recorder.schema.check_event``; errors name ``FILE:LINE`` and the
+Every line is validated with ``kvclaims.contract.schema.check_event``; errors name ``FILE:LINE`` and the
 field. ``seq`` must be strictly increasing per ``run_id``.
 """
 
@@ -22,10 +22,10 @@ from typing import IO, Any, Final
 
 import pyarrow as pa
 
-from kvclaims.recorder.batches import build_batch
-from kvclaims.recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
+from kvclaims.contract.batches import build_batch
+from kvclaims.contract.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
                              SchemaError, check_event)
-from kvclaims.recorder.trace_writer import HASH_IMPORTED, RunWriter
+from kvclaims.contract.trace_writer import HASH_IMPORTED, RunWriter
 from kvclaims.reconstruct.loader import iter_batches, range_problem
 
 _FIELDS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)

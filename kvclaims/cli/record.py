@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvclaims.progress import Progress
-from kvclaims.recorder.policies import POLICIES
-from kvclaims.recorder.scenarios import SCENARIOS
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.policies import POLICIES
+from kvclaims.sources.scenarios import SCENARIOS
+from kvclaims.contract.schema import InputError
 
 SWEEP_COLUMNS = ("run_id", "policy", "usable_blocks", "active_outcome", "resident_blocks_lost",
                  "claim_outcome", "blocking_claim_ids", "shortfall_blocks", "harm", "expiry",
@@ -131,11 +131,11 @@ def _progress_of_driver(progress: Progress) -> Iterator[None]:
     engine driver while ``record`` runs: engine start until the first request, then the
     scenario, then closing.
 
-    NOTE: ``kvclaims.recorder.scenarios.record`` takes no progress callback yet, so the driver's
+    NOTE: ``kvclaims.sources.scenarios.record`` takes no progress callback yet, so the driver's
     ``submit``/``step`` are wrapped for the duration and restored after (proposed to the
     recorder's owner: a ``progress`` parameter on ``record``).
     """
-    from kvclaims.recorder import scenarios
+    from kvclaims.sources import scenarios
 
     submit, step = scenarios.Driver.submit, scenarios.Driver.step
     counts = {"steps": 0}
@@ -163,7 +163,7 @@ def _progress_of_driver(progress: Progress) -> Iterator[None]:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from kvclaims.recorder.scenarios import record
+    from kvclaims.sources.scenarios import record
 
     _quiet_vllm(args.verbose)
     with _engine_noise_aside(args.verbose) as terminal, \
@@ -258,7 +258,7 @@ def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, 
     """Record every (policy, capacity) point not yet complete, then tabulate them all;
     progress on ``stream`` (default stderr) when it is a terminal and not ``quiet``."""
     from kvclaims.reconstruct.loader import read_manifest
-    from kvclaims.recorder.scenarios import record
+    from kvclaims.sources.scenarios import record
 
     out.mkdir(parents=True, exist_ok=True)
     points = [(p, c) for p in policies for c in sorted(capacities)]

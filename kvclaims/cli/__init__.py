@@ -2,10 +2,11 @@
 
 The command line is a thin facade over the product's parts.
 
-Each part registers its own subcommands, so this file only wires them together:
-``kvclaims.recording`` (record, sweep: they compose recorder and reconstructor),
-``kvclaims.io_commands`` (import, export, query) and ``kvclaims.reconstruct_commands``
-(reconstruct, conformance).
+Each module registers its own subcommands, so this file only wires them together:
+``kvclaims.cli.record`` (record, sweep: they compose recorder and reconstructor),
+``kvclaims.cli.io`` (import, export, query), ``kvclaims.cli.reconstruct`` (reconstruct,
+conformance), ``kvclaims.cli.listen`` (a stock vLLM's KV events) and
+``kvclaims.dashboard.commands`` (dashboard, report).
 
 Exit status (docs/guarantees.md): 0 ok; 1 a check failed (e.g. conformance); 2 bad input,
 path, option or environment (one line on stderr naming the file and what is wrong); 3 the
@@ -17,18 +18,22 @@ interrupted (Ctrl-C); 141 stdout closed early (e.g. piped to ``head``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import sys
 import traceback
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from typing import Final
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.cli import io, listen, reconstruct, record
+from kvclaims.contract.schema import RECORDER_VERSION, InputError
+from kvclaims.dashboard import commands as dashboard_commands
+from kvclaims.reconstruct import loader
 
-_PARTS = ("kvclaims.recording", "kvclaims.io_commands", "kvclaims.reconstruct_commands",
-          "kvclaims.listening", "kvclaims.dashboard.commands")
+# Every subcommand's module registers its own subparsers (``register(sub)``), in this order.
+_PARTS = (record, io, reconstruct, listen, dashboard_commands)
 
 EXIT_OK: Final[int] = 0
 EXIT_CHECK_FAILED: Final[int] = 1
@@ -57,14 +62,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def version() -> str:
     """The installed package's version (pyproject), else the source tree's."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
     try:
         return dist_version("kvclaims")
     except PackageNotFoundError:
-        from kvclaims.recorder.schema import RECORDER_VERSION
-
         return RECORDER_VERSION
 
 
@@ -75,13 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show a Python traceback for errors (for bug reports)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in _PARTS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a part not built yet must not break the others
-            if exc.name != name:
-                raise
-            continue
+    for module in _PARTS:
         module.register(sub)
     return parser
 
@@ -145,8 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     Never raises (except ``SystemExit`` from ``--help`` and usage errors, status 2): every
     error is one line on stderr and an exit status (module docstring).
     """
-    from kvclaims.reconstruct import loader
-
     args = _parser().parse_args(argv)
     command = getattr(args, "command", "?")
     loader.take_reported_holes()  # NOTE: count only this command's holes
@@ -174,5 +166,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-if __name__ == "__main__":
-    sys.exit(main())

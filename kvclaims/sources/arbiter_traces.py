@@ -3,8 +3,8 @@
 The paper's patched vLLM 0.19.1 ("kv-residency-vllm-arbiter") writes one JSON object per line
 with its own event names (``allocation_victim_selected``, ``resident_block_materialized``,
 ``resident_claim_*``, ``active_request_*``, ``future_reuse_*``). This module turns one such file
-into a list of events in OUR vocabulary (``kvclaims.recorder.schema.EVENTS``), each of which passes
-``kvclaims.recorder.schema.check_event``, plus an :class:`ImportSummary` that says what had no
+into a list of events in OUR vocabulary (``kvclaims.contract.schema.EVENTS``), each of which passes
+``kvclaims.contract.schema.check_event``, plus an :class:`ImportSummary` that says what had no
 counterpart and which oddities of the trace were kept as recorded.
 
 The mapping, and every judgment call behind it, is documented in ``docs/arbiter-import.md``.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kvclaims.reconstruct.loader import range_problem
-from kvclaims.recorder.schema import (
+from kvclaims.contract.schema import (
     PROTECTION_MODES,
     RECORDER_VERSION,
     SCHEMA_VERSION,
@@ -651,7 +651,7 @@ def convert_lines(lines: Iterable[str], source_name: str) -> ConvertedTrace:
         st.note(f"block hashes carry KV-cache group ids {sorted(st.nonzero_group_ids)}: "
                 f"group ids are stripped before hashing (collisions across groups are refused)")
     # The prototype writes synchronously (append per event), so nothing was dropped; every
-    # line was read, so the run is complete as far as the file goes.
+    # line was read, so the run is complete as the file goes.
     emit("run_finished", {"events_written": len(out), "events_dropped": 0},
          last_ts, source_name)  # type: ignore[arg-type]
     _ordering_notes(st, out)

@@ -7,7 +7,7 @@ frames ``(topic, seq, payload)``: ``seq`` an 8-byte big-endian counter per *batc
 ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` as tagged maps (``"type"``, newer
 vLLM) or positional arrays (tag first, older vLLM). An optional ROUTER replay endpoint resends
 the batches from a given seq. This module turns that stream into an ordinary kvclaims run
-directory (``kvclaims.recorder.trace_writer.RunWriter``), so the reconstructor, SQL and dashboard read
+directory (``kvclaims.contract.trace_writer.RunWriter``), so the reconstructor, SQL and dashboard read
 it like any other run; the manifest says ``"evidence": "observed"``.
 
 What the evidence is, and is not (docs/design.md "Evidence: recorded or observed";
@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from kvclaims.recorder.buffer import event_problem, pending_to_batch
-from kvclaims.recorder.schema import InputError, hash64
-from kvclaims.recorder.trace_writer import RunWriter
+from kvclaims.contract.schema import InputError, hash64
+from kvclaims.contract.trace_writer import RunWriter
 
 RUNTIME: Final[str] = "vllm-kv-events"
 END_SEQ: Final[bytes] = (-1).to_bytes(8, "big", signed=True)
@@ -188,7 +188,7 @@ Emitted = list[tuple[str, dict[str, Any]]]
 class Translator:
     """vLLM KV events -> kvclaims block events, keeping the copies of each content hash.
 
-    ``scheme`` (a ``kvclaims.importers.declared_claims.HashScheme``), when given, is checked against
+    ``scheme`` (a ``kvclaims.sources.declared_claims.HashScheme``), when given, is checked against
     the hashes vLLM publishes for the first ``verify_limit`` blocks whose chain is known: the
     manifest then says whether claims declared by token ids can bind.
     """
@@ -322,7 +322,7 @@ class ObservedRun:
         self.last_ts = 0
         self._p: tuple[list[int], list[int], list[str], list[dict[str, Any]]] = ([], [], [], [])
         info = self.writer.run_info
-        from kvclaims.recorder.schema import RECORDER_VERSION, SCHEMA_VERSION
+        from kvclaims.contract.schema import RECORDER_VERSION, SCHEMA_VERSION
 
         self.emit(None, "run_started", {
             **{k: info.get(k) for k in ("runtime", "runtime_version", "model", "block_size",
@@ -439,7 +439,7 @@ class Listener:
     """Applies ``(topic, seq, payload)`` frames in publisher order to an ``ObservedRun``.
 
     ``replay``: a callable ``start_seq -> [(topic, seq, payload), ...]`` (``ReplayClient``) or
-    None. ``claims``: ``kvclaims.importers.declared_claims.DeclaredClaim``s; they take force at their
+    None. ``claims``: ``kvclaims.sources.declared_claims.DeclaredClaim``s; they take force at their
     ``from`` on the engine's clock (the batch ``ts``). ``wall0``/``mono0`` pair the engine's
     wall clock with the run's ``ts_ns`` clock.
     """
@@ -450,7 +450,7 @@ class Listener:
                  wall0: int | None = None, mono0: int | None = None,
                  default_tokenizer: str | None = None,
                  warn: Callable[[str], None] | None = None) -> None:
-        from kvclaims.importers.declared_claims import schedule
+        from kvclaims.sources.declared_claims import schedule
 
         self.run = run
         self.tr = translator
@@ -483,7 +483,7 @@ class Listener:
     def due(self, wall_ns: int | None) -> None:
         """Write the claim actions due at or before ``wall_ns`` (None: only ``"from": "start"``
         claims). A claim given by token ids waits until the block size is known."""
-        from kvclaims.importers.declared_claims import START, action_events
+        from kvclaims.sources.declared_claims import START, action_events
 
         while self._actions:
             act = self._actions[0]
@@ -880,7 +880,7 @@ def import_capture(path: str | Path, out_dir: str | Path, *, claims: Sequence[An
     first = next(frames, None)
     if first is None:
         raise KVEventsError(f"{p}: capture holds no frames")
-    from kvclaims.importers.declared_claims import HashScheme
+    from kvclaims.sources.declared_claims import HashScheme
 
     scheme = scheme or HashScheme()
     info = run_info(run_id or p.stem, model=model, block_size=block_size,

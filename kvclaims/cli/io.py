@@ -26,7 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl", "vllm-kv-events")
 RESULT_FORMATS = ("table", "csv", "json", "parquet")
@@ -187,7 +187,7 @@ def open_audit(args: argparse.Namespace, paths: Sequence[str], command: str, **k
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``kvclaims import``: validate and write run directories."""
-    from kvclaims.importers import jsonl
+    from kvclaims.sources import jsonl
 
     path = Path(args.file)
     if not path.is_file():
@@ -195,7 +195,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.source_format == "arbiter-jsonl":
         # NOTE: imported lazily: the converter is a separate part and optional here
         try:
-            from kvclaims.importers.arbiter import convert_file
+            from kvclaims.sources.arbiter_traces import convert_file
         except ImportError as exc:
             raise InputError(f"--from arbiter-jsonl is not available: {exc}") from None
         converted = convert_file(path)
@@ -208,7 +208,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         events = jsonl.validate_events(converted, path.name)
         dirs = jsonl.import_events(events, args.out, source=path.name, extra=extra)
     elif args.source_format == "vllm-kv-events":  # a `kvclaims listen --capture` file
-        from kvclaims.recorder.kv_events import import_capture
+        from kvclaims.sources.kv_events import import_capture
 
         import_capture(path, args.out, warn=lambda m: _warn([f"{path}: {m}"]))
         dirs = [Path(args.out)]
@@ -227,7 +227,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise InputError("--format parquet needs --out FILE (Parquet is binary)")
         count = export_parquet(args.run_dir, args.out, truncations=truncations)
     else:
-        from kvclaims.importers import jsonl
+        from kvclaims.sources import jsonl
 
         count = jsonl.export_jsonl(args.run_dir, args.out, truncations=truncations)
     _warn(truncations, "kvclaims export")

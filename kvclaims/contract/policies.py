@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from kvclaims.recorder.schema import PINNING_MODES  # noqa: F401  (re-exported: one source)
+from kvclaims.contract.schema import PINNING_MODES  # noqa: F401  (re-exported: one source)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def lowering(policy: Policy) -> dict[str, dict[str, str]]:
 
 def get_policy(name: str) -> Policy:
     """Look a policy up by name, with a clear error listing the choices."""
-    from kvclaims.recorder.schema import InputError
+    from kvclaims.contract.schema import InputError
 
     try:
         return POLICIES[name]

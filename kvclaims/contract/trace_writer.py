@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.recorder.schema import (ARROW_SCHEMA, RECORDER_VERSION, SCHEMA_VERSION, InputError,
+from kvclaims.contract.schema import (ARROW_SCHEMA, RECORDER_VERSION, SCHEMA_VERSION, InputError,
                              SchemaError)
 
 MANIFEST_NAME: Final[str] = "manifest.json"
@@ -400,7 +400,7 @@ class _Segment:
     def __init__(self, path: Path, options: pa.ipc.IpcWriteOptions) -> None:
         self.path = path
         self.options = options
-        # NOTE: unbuffered fd: every batch reaches the OS as soon as it is written, so a crash
+        # NOTE: unbuffered fd: every batch reaches the OS as it is written, so a crash
         # of the engine process loses nothing already handed to the writer.
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self.opened_at = time.monotonic()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvclaims.io_commands import audit_options, open_audit
+from kvclaims.cli.io import audit_options, open_audit
 
 
 def register(subparsers: Any) -> None:
@@ -94,7 +94,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
 
 def _reconstruct_spark(args: argparse.Namespace) -> int:
     """``--engine spark``: the fleet path (``kvclaims.reconstruct.fleet``), one task per run."""
-    from kvclaims.recorder.schema import InputError
+    from kvclaims.contract.schema import InputError
     from kvclaims.reconstruct import fleet
 
     if not args.out:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvclaims.recorder.schema import InputError
+from kvclaims.contract.schema import InputError
 
 BLOCK_SIZE = 32  # the CPU backend needs a multiple of 32
 VOCAB = 500  # token ids stay below the tiny model's vocabulary (512)
@@ -254,8 +254,8 @@ def record(scenario: str | Scenario, usable_blocks: int | None, policy: str | No
     return the client's view. The engine runs in-process unless
     ``VLLM_ENABLE_V1_MULTIPROCESSING`` says otherwise.
     """
-    from kvclaims.recorder.policies import get_policy
-    from kvclaims.recorder.tiny_model import ensure_tiny_model
+    from kvclaims.contract.policies import get_policy
+    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     spec = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
     scenario = spec.name

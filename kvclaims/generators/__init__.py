@@ -1,1 +1,0 @@
-"""Synthetic trace generators: shapes for tests and benchmarks (docs/reconstruction.md)."""
