@@ -13,7 +13,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from kvclaims.dashboard.data import (LABEL_COLORS, LABELS, OCCUPANCY, OCCUPANCY_COLORS,
+from kvclaims.contract.vocabulary import LABELS
+from kvclaims.dashboard.data import (LABEL_COLORS, OCCUPANCY, OCCUPANCY_COLORS,
                             OCCUPANCY_TITLES)
 
 _LABEL_SCALE = alt.Scale(domain=list(LABELS), range=[LABEL_COLORS[k] for k in LABELS])

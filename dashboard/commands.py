@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from kvclaims.contract.schema import InputError
+from kvclaims.dashboard.report import write_report
+from kvclaims.progress import Progress
 
 APP = Path(__file__).resolve().parent / "app.py"
 LOCAL = "127.0.0.1"
@@ -91,8 +93,6 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from kvclaims.dashboard.report import write_report
-    from kvclaims.progress import Progress
 
     if args.out.is_dir():
         raise InputError(f"{args.out}: is a directory; name the HTML file to write")

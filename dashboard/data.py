@@ -30,6 +30,13 @@ from typing import Any, Final, TypeAlias
 import pandas as pd
 
 from kvclaims.contract.schema import InputError
+from kvclaims.reconstruct.loader import open_runs
+import kvclaims
+from kvclaims.contract.policies import POLICIES
+from kvclaims.contract.vocabulary import CHECK_VERDICTS, LABELS, PINNING_MODES
+from kvclaims.explaining import tenants_by_harm
+from kvclaims.explaining import explain
+from kvclaims.explaining import _promise_lines
 
 PathLike: TypeAlias = "str | Path"
 
@@ -38,8 +45,7 @@ TRACES_DIR: Final[Path] = Path(__file__).resolve().parent.parent / "traces"
 #: Folders under ``traces/`` that are not run directories in our format (JSON Lines).
 NOT_RUN_FOLDERS: Final[frozenset[str]] = frozenset({"arbiter-prototype"})
 
-#: Loss labels, most severe first (docs/reconstruction.md), and the colour each page uses.
-LABELS: Final[tuple[str, ...]] = ("harm", "unknown", "expiry", "relaxation", "eviction")
+#: The colour each page uses for a loss label (labels ranked as ``vocabulary.LABELS``).
 #: NOTE: colour-blind-safe (Okabe-Ito hues); harm is the one alarming colour (vermillion),
 #: every other label is a calm blue/grey so that harm stands out under any colour vision.
 LABEL_COLORS: Final[dict[str, str]] = {
@@ -132,7 +138,6 @@ def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
     """Split paths into those naming readable run directories (a run, or a sweep holding
     runs) and error messages for the others. Only manifests are checked here; a corrupt
     segment is reported by ``load_audit``."""
-    from kvclaims.reconstruct.loader import open_runs
 
     good: list[str] = []
     errors: list[str] = []
@@ -155,7 +160,6 @@ def open_audit(paths: Sequence[PathLike],
     reconstructed tables and the documented views, and which carries ``manifests``,
     ``run_dirs`` and ``truncations``.
     """
-    import kvclaims
 
     audit = kvclaims.open(list(paths), progress=progress)
     return audit, audit
@@ -358,8 +362,6 @@ def _occupancy(con: Any, runs: pd.DataFrame) -> pd.DataFrame:
     NOTE: only the code's own constants (policy names, modes) are formatted into the SQL,
     never a trace string; the runs' policies are joined from ``run_started`` in SQL.
     """
-    from kvclaims.contract.policies import POLICIES
-    from kvclaims.contract.schema import PINNING_MODES
 
     def lit(v: str) -> str:
         return "'" + v.replace("'", "''") + "'"
@@ -405,7 +407,7 @@ def _isna(x: Any) -> bool:
 
 #: Verdicts as the conformance page names them. NOTE: a check that nothing in the run exercised
 #: (``not_exercised``) is never shown or counted as a pass.
-VERDICTS: Final[tuple[str, ...]] = ("fail", "unknown", "pass", "not_exercised")
+VERDICTS: Final[tuple[str, ...]] = CHECK_VERDICTS
 
 
 def _verdict(v: Any) -> str:
@@ -820,7 +822,6 @@ def loss_labels(source: Source) -> pd.DataFrame:
 def tenants(source: Source) -> list[str]:
     """Every tenant with a claim or a request, the one with the most harm first (blocks lost
     as harm, then value lost, then name): ``kvclaims.explaining.tenants_by_harm``."""
-    from kvclaims.explaining import tenants_by_harm
 
     a = _audit(source)
     with a._lock:
@@ -836,7 +837,6 @@ def explanation(source: Source, tenant: str) -> Any:
     used by one session at a time (the audit's lock). Raises ``InputError`` for a tenant
     the audit does not know.
     """
-    from kvclaims.explaining import explain
 
     a = _audit(source)
     with a._lock:
@@ -857,14 +857,8 @@ def explanation_headline(expl: Any) -> str:
 
 def explanation_lines(section: Any) -> list[str]:
     """A section's outcome, promise and lowering lines (as its renderings list them)."""
-    from kvclaims.explaining import _promise_lines
 
     return _promise_lines(section)
-
-
-def explain_tenant(source: Source, tenant: str) -> Any:
-    """Alias of ``explanation`` (the name the pages used before the merge)."""
-    return explanation(source, tenant)
 
 
 def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:
@@ -880,7 +874,7 @@ def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:
 
 def check_titles(source: Source) -> dict[str, str]:
     """What each check asks, from the ``conformance`` table's ``title`` column (defined once,
-    in reconstruct/sql/07_conformance.sql)."""
+    in reconstruct/sql/08_conformance.sql)."""
     df = _audit(source).conformance.dropna(subset=["title"])
     return dict(zip(df["check"], df["title"]))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvclaims.contract.vocabulary import LABEL_SEVERITY
 from kvclaims.dashboard import charts, data
 
 #: Timelines drawn at most (runs with harm, refusals or failing checks first).
@@ -107,8 +108,7 @@ def important_claims(audit: data.Audit, run_id: str, highlight: str | None = Non
     highlighted one always, at most ``limit`` claims."""
     lanes = data.claim_lanes(audit, run_id)
     marks = data.claim_loss_marks(audit, run_id)
-    severity = {k: len(data.LABELS) - i for i, k in enumerate(data.LABELS)}
-    worst = marks.assign(s=marks["label"].map(severity)).groupby("lane")["s"].max().to_dict()
+    worst = marks.assign(s=marks["label"].map(LABEL_SEVERITY)).groupby("lane")["s"].max().to_dict()
     lost = marks.groupby("lane")["blocks"].sum().to_dict()
     order = list(dict.fromkeys(lanes["lane"]))
     ranked = sorted(order, key=lambda c: (c != highlight, -worst.get(c, 0), -lost.get(c, 0)))

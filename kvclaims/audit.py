@@ -26,12 +26,17 @@ import shutil
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+from kvclaims import queries
+from kvclaims.contract.clock import Clock, clock_anchor, clock_table
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.trace_writer import MANIFEST_NAME
+from kvclaims.reconstruct import core, loader
+from kvclaims.reconstruct.core import Tables, write_tables
+from kvclaims.reconstruct.loader import Trace, open_run
 
 #: Tables the reconstruction builds that the audit shows (besides ``events`` and
 #: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
@@ -104,73 +109,6 @@ def lock_down(con: Any, allowed_paths: Sequence[str] = ()) -> None:
     con.execute("SET lock_configuration = true")
 
 
-# -- the wall-clock anchor ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Clock:
-    """A run's wall-clock anchor: ``utc`` is the moment the monotonic clock read ``ts_ns``."""
-
-    utc: datetime
-    ts_ns: int
-    host: str | None = None
-
-
-def clock_anchor(manifest: dict[str, Any]) -> Clock | None:
-    """The manifest's wall-clock anchor, or None ("no clock": imports, older traces).
-
-    Reads the recorder's ``manifest["clock"] = {"utc": ISO-8601, "utc_ns": int,
-    "monotonic_ns": int, "host": str}`` (``utc_ns`` wins over ``utc`` when both are there;
-    also accepted: ``ts_ns``/``start_ts_ns``/``anchor_ts_ns`` for the monotonic reading).
-    """
-    c = manifest.get("clock")
-    if not isinstance(c, dict):
-        return None
-    ts = _first(c, ("monotonic_ns", "ts_ns", "start_ts_ns", "anchor_ts_ns"))
-    if not isinstance(ts, int) or isinstance(ts, bool):
-        return None
-    when: datetime | None = None
-    utc_ns = c.get("utc_ns")
-    if isinstance(utc_ns, int) and not isinstance(utc_ns, bool):
-        try:
-            when = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
-                microseconds=utc_ns // 1000)
-        except (OverflowError, OSError, ValueError):
-            when = None
-    if when is None and isinstance(c.get("utc"), str):
-        try:
-            when = datetime.fromisoformat(c["utc"].replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-    if when is None:
-        return None
-    host = _first(c, ("host", "hostname"))
-    return Clock(when.astimezone(timezone.utc), ts, host if isinstance(host, str) else None)
-
-
-def _first(d: dict[str, Any], keys: Sequence[str]) -> Any:
-    for k in keys:
-        if k in d:
-            return d[k]
-    return None
-
-
-def _clock_table(manifests: dict[str, dict[str, Any]]) -> Any:
-    import pyarrow as pa
-
-    rows = []
-    for rid, m in sorted(manifests.items()):
-        c = clock_anchor(m)
-        rows.append({"run_id": rid,
-                     "utc": None if c is None else c.utc.replace(tzinfo=None),
-                     "ts_ns": None if c is None else c.ts_ns,
-                     "host": None if c is None else c.host})
-    return pa.Table.from_pylist(rows, schema=pa.schema([
-        ("run_id", pa.string()), ("utc", pa.timestamp("us")), ("ts_ns", pa.int64()),
-        ("host", pa.string())]))
-
-
 # -- inputs -------------------------------------------------------------------------------------
 
 def expand_paths(paths: Sequence[str | Path] | str | Path) -> list[Path]:
@@ -209,7 +147,6 @@ def _code_version() -> str:
 
 def _fingerprint(run: Any) -> dict[str, Any]:
     """What a run directory holds now (manifest bytes, each segment's size and mtime)."""
-    from kvclaims.contract.trace_writer import MANIFEST_NAME
 
     manifest = (run.path / MANIFEST_NAME).read_bytes()
     return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),
@@ -310,7 +247,6 @@ class Audit:
     def write(self, out_dir: str | Path, run_id: str | None = None) -> list[Path]:
         """Write the reconstructed tables as ``OUT_DIR/<table>.parquet`` (``run_id``'s rows
         only if given), without the derived ``ts`` column."""
-        from kvclaims.reconstruct.core import write_tables
 
         names = self._reconstructed()
         raw = write_tables(self.con, [_RAW + n if self._wrapped(n) else n for n in names],
@@ -326,7 +262,6 @@ class Audit:
     def write_reconstructed(self) -> dict[str, Path]:
         """Write each run's tables to ``RUN_DIR/reconstructed/`` with the stamp that lets a
         later ``open`` reuse them; returns where each run went."""
-        from kvclaims.reconstruct.loader import open_run
 
         code = _code_version()
         written = {}
@@ -345,7 +280,6 @@ class Audit:
     def summary(self) -> list[dict[str, Any]]:
         """Per run: events, loss counts by label, claim, request outcomes, findings (needs
         the reconstruction's run facts: an audit opened with ``reuse=False``)."""
-        from kvclaims.reconstruct.core import Tables
 
         return Tables(self.con, self.runs).summary()
 
@@ -392,7 +326,6 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     """
     import duckdb
 
-    from kvclaims.reconstruct import core, loader
 
     given = expand_paths(paths)
     jsonl = [p for p in given if p.is_file() and p.suffix == ".jsonl"]
@@ -429,7 +362,6 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
                             progress=progress, persist=False, sources=files)
         _register_manifests(con, info)
         tables = _add_utc(con) if views else _shown(con)
-        from kvclaims import queries
 
         view_names = queries.apply(con) if views else []
         if progress is not None:
@@ -461,7 +393,6 @@ def _check_unique_runs(events: Any, runs: Sequence[Any]) -> None:
 
 
 def _register_manifests(con: Any, info: Any) -> None:
-    from kvclaims.reconstruct.loader import Trace
 
     import pyarrow as pa
 
@@ -470,7 +401,7 @@ def _register_manifests(con: Any, info: Any) -> None:
     con.register("kv_manifests_in", trace.manifests_table())
     con.execute("CREATE OR REPLACE TEMP TABLE manifests AS SELECT * FROM kv_manifests_in")
     con.unregister("kv_manifests_in")
-    con.register("kv_clock_in", _clock_table(info.manifests))
+    con.register("kv_clock_in", clock_table(info.manifests))
     con.execute("CREATE OR REPLACE TEMP TABLE kv_clock AS SELECT * FROM kv_clock_in")
     con.unregister("kv_clock_in")
 

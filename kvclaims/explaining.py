@@ -23,6 +23,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.vocabulary import LABELS
+from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
+from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
 
 #: A loss label in plain words, for someone who does not know our internals.
 LABEL_WORDS: Final[dict[str, str]] = {
@@ -37,8 +40,7 @@ LABEL_WORDS: Final[dict[str, str]] = {
                 "stayed resident)",
 }
 ANOTHER: Final[str] = "another tenant"
-_LABEL_ORDER: Final[dict[str, int]] = {"harm": 0, "unknown": 1, "expiry": 2, "relaxation": 3,
-                                       "eviction": 4}
+_LABEL_ORDER: Final[dict[str, int]] = {label: i for i, label in enumerate(LABELS)}
 
 
 @dataclass
@@ -638,8 +640,6 @@ def derive_lowering(policy: str | None, mode: str | None,
                     manifest_json: str | None = None) -> dict[str, Any]:
     """The lowering verdict when the trace has no ``lowering`` table: from the manifest's
     ``enforcement`` section, else from the run policy (``kvclaims.contract.policies``)."""
-    from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
-    from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
 
     note = "derived from the run policy: this trace has no lowering table"
     modes: dict[str, Any] = {}

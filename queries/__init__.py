@@ -11,7 +11,6 @@ CLI, ``kvclaims query NAME RUN_DIR...`` shows one and ``kvclaims query --list`` 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from importlib import resources
 from typing import Any, Final
 
@@ -60,20 +59,3 @@ def apply(con: Any, views: tuple[str, ...] | list[str] = VIEWS) -> list[str]:
     for view in views:
         con.execute(sql_text(view))
     return list(views)
-
-
-def audit(trace: Any, progress: Callable[[str], None] | None = None) -> Any:
-    """DEPRECATED (removed once every consumer is on ``kvclaims.open``): the audit of a loaded
-    trace's run directories. Returns the ``kvclaims.audit.Audit`` (it has ``.sql`` and
-    ``.close`` like the connection this used to return)."""
-    import warnings
-
-    import kvclaims
-
-    warnings.warn("queries.audit is deprecated: use kvclaims.open(paths)", DeprecationWarning,
-                  stacklevel=2)
-    run_dirs = sorted({str(p) for p in getattr(trace, "run_dirs", {}).values()})
-    if not run_dirs:
-        raise TypeError("queries.audit needs a Trace loaded from run directories; "
-                        "use kvclaims.open(paths)")
-    return kvclaims.open(run_dirs, progress=progress)

@@ -9,13 +9,13 @@ DuckDB.
 from __future__ import annotations
 
 from typing import Any
+from kvclaims.reconstruct import core
 
 __all__ = ["reconstruct", "Tables", "TABLE_NAMES", "load_jsonl"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from kvclaims.reconstruct import core
 
         return getattr(core, name)
     raise AttributeError(name)

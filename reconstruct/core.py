@@ -1,4 +1,4 @@
-"""The reconstruction facade: a trace in, the six reconstructed tables out.
+"""The reconstruction facade: a trace in, the reconstructed tables (``TABLE_NAMES``) out.
 
 ``reconstruct(trace)`` runs small stateless stages, one SQL file each (``reconstruct/sql/``),
 over a DuckDB connection that exposes the trace as the relation ``events``:
@@ -6,12 +6,14 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 =====================  ======================================================================
 ``01_runs.sql``        per-run facts: policy, usable blocks, first hole (gap, seq hole, truncation)
 ``02_claims.sql``      claim instances (``claim_seq``) and their lifecycle facts
-``03_pass.sql``        the labelling pass: one ordered, compiled pass per run
-                       (``reconstruct/labels.py``): losses, labels, predicates, pool snapshots
+``03_pass``             the labelling pass, Python, no SQL file: one ordered, compiled pass per
+                       run (``reconstruct/labels.py``): losses, labels, predicates, pool
+                       snapshots (``PASS_TABLES``)
 ``04_labels.sql``      ``losses`` and ``loss_claims`` (one row per loss x bound claim instance)
 ``05_feasibility.sql`` ``feasibility``, rebuilt from the pass's pool snapshots
-``05_outcomes.sql``    ``claims``, ``requests``
-``06_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
+``06_outcomes.sql``    ``claims``, ``requests``
+``07_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
+``08_conformance.sql`` ``conformance`` and ``lowering``: the verdicts (docs/conformance.md)
 =====================  ======================================================================
 
 The semantics are in docs/design.md; the exact rules are in docs/reconstruction.md.
@@ -38,21 +40,35 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.contract.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
-from kvclaims.contract.schema import PROTECTION_MODES, RESIDENCY_MODES
+from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
+                                          TABLE_NAMES, VERDICT_TABLES)
 from kvclaims.reconstruct import labels
+from kvclaims.contract import policies
+from kvclaims.reconstruct import loader
+from kvclaims.sources.jsonl import read_jsonl
 
-# The reconstructed tables, in the order they are built and written.
-TABLE_NAMES: Final[tuple[str, ...]] = (
-    "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
-# Verdict tables: computed from the others, readable like them (docs/conformance.md).
-VERDICT_TABLES: Final[tuple[str, ...]] = ("conformance", "lowering")
-
+# The stages in order: SQL files under reconstruct/sql/, and the labelling pass (PASS_STAGE).
+PASS_STAGE: Final[str] = "03_pass"
 STAGES: Final[tuple[str, ...]] = (
-    "01_runs.sql", "02_claims.sql", "03_pass.sql", "04_labels.sql", "05_feasibility.sql",
-    "05_outcomes.sql",
-    "06_findings.sql", "07_conformance.sql")
+    "01_runs.sql", "02_claims.sql", PASS_STAGE, "04_labels.sql", "05_feasibility.sql",
+    "06_outcomes.sql", "07_findings.sql", "08_conformance.sql")
+# What the labelling pass writes, one row per:
+#   kv_losses           block loss: run_id, seq, ts_ns, block_id, block_hash, cause,
+#                       by_request_id, label, claim_ids, decided_by_seq, decided_by_claim_id,
+#                       claim_seq (of the deciding instance), was_resident, synthetic, step,
+#                       repaired_in_step, reported_hash, held_hash, bound
+#   kv_loss_pairs       (loss, bound claim instance): seq, claim_seq, position, label,
+#                       decided_by_seq, predicate_before, predicate_after, broken_seq, step, ...
+#   kv_pred             interval where an instance's predicate holds: run_id, claim_id,
+#                       claim_seq, from_seq, to_seq (NULL: still holds at the end of the run)
+#   kv_materialized     materialized instance: run_id, claim_id, claim_seq, materialized_seq
+#   kv_copies           copy overwritten without an eviction: run_id, block_id, block_hash,
+#                       start_seq, end_seq, end_kind ('overwritten')
+#   kv_admission_state  admission decision or preemption: run_id, seq, request_id,
+#                       protected_blocks, protected_claim_seqs, cached_blocks,
+#                       evictable_blocks, held_blocks
 
 # Policy names written by the paper's prototype (imported traces keep them) that enforce claims.
 # NOTE: our own policies say it themselves (kvclaims.contract.policies.POLICIES[...].enforce).
@@ -242,9 +258,8 @@ def _modes_table() -> pa.Table:
     ``enforced_verdict`` comes from ``kvclaims.contract.policies.ENFORCED_LOWERING`` where the recorder
     defines it (NULL otherwise: the SQL then derives it, docs/conformance.md "Lowering").
     """
-    from kvclaims.contract import policies
 
-    enforced: dict[str, tuple[str, str]] = getattr(policies, "ENFORCED_LOWERING", {})
+    enforced: dict[str, tuple[str, str]] = policies.ENFORCED_LOWERING
     rows = [{"mode": m,
              "enforced_verdict": enforced[m][0] if m in enforced else None,
              "enforcement": enforced[m][1] if m in enforced else MODE_ENFORCEMENT.get(m),
@@ -332,11 +347,12 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     for name in ("kv_manifest_in", "kv_policies_in", "kv_manifest_lowering_in"):
         con.unregister(name)
     for stage in STAGES:
-        sql = stage_sql(stage)
-        if stage == "03_pass.sql":
-            # the labelling pass (numba, streamed): see reconstruct/labels.py
+        if stage == PASS_STAGE:  # the labelling pass (numba, streamed): reconstruct/labels.py
             labels.build(con, sources=None if sources is None else _file_batches(sources))
-        for stmt in split_statements(sql):
+            if progress is not None:
+                progress(stage)
+            continue
+        for stmt in split_statements(stage_sql(stage)):
             if not persist:
                 stmt = stmt.replace("CREATE OR REPLACE TABLE ", "CREATE OR REPLACE TEMP TABLE ", 1)
             con.execute(stmt)
@@ -385,7 +401,6 @@ class StreamedInput:
 
 def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordBatch]]:
     """The labelling pass's source: a run's events, straight from its Parquet file."""
-    from kvclaims.reconstruct import loader
 
     def batches(run_id: str) -> Iterator[pa.RecordBatch]:
         path = files.get(run_id)
@@ -400,7 +415,6 @@ def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordB
 def _copy_prefix(sealed: Path, rows: int, writer: Any) -> None:
     """Copy the first ``rows`` events of a sealed file (read and checked before it turned out
     damaged further on) into ``writer``."""
-    from kvclaims.reconstruct import loader
 
     pf = loader.parquet_file(sealed, page_checksum_verification=True)
     for batch in pf.iter_batches(batch_size=1 << 16):
@@ -425,7 +439,6 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
     """
     import pyarrow.parquet as pq
 
-    from kvclaims.reconstruct import loader
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -503,7 +516,6 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
     NOTE: no copy into DuckDB: its Parquet reader scans the files, in parallel, for each
     query (what ingesting every event into a table cost dominated the reconstruction).
     """
-    from kvclaims.reconstruct import loader
 
     out = Path(folder)
     paths = []
@@ -529,7 +541,6 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
 
 
 def _read_files(paths: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    from kvclaims.reconstruct import loader
 
     for p in paths:
         for batch in loader.parquet_file(p).iter_batches(batch_size=1 << 16):
@@ -570,8 +581,6 @@ def load_jsonl(paths: Sequence[str | Path] | str | Path) -> pa.Table:
     Handy for fixtures and small imported traces; large traces go through ``kvclaims import``
     and ``kvclaims.open``.
     """
-    from kvclaims.reconstruct import loader
-    from kvclaims.sources.jsonl import read_jsonl
 
     if isinstance(paths, (str, Path)):
         paths = [paths]

@@ -5,7 +5,7 @@ run's events and never on another run, so each run goes to one Spark task that r
 **same** labelling core as ``kvclaims.open`` (``core.STAGES`` up to ``04_labels.sql``: the
 loader's checked read, run facts, claim instances, the compiled labelling pass; DuckDB bounded
 by ``memory_limit``) and returns its tables as Arrow. The later stages (``05_feasibility`` ..
-``07_conformance``) run as Spark SQL over those tables, transpiled at run time from the same
+``08_conformance``) run as Spark SQL over those tables, transpiled at run time from the same
 stage files with sqlglot (a statement Spark cannot analyse runs per run in DuckDB, on Spark,
 and is reported). Spark then writes every table the audit shows, with its UTC ``ts`` columns.
 The documented views (``queries/``) are transpiled the same way. docs/fleet.md tells what
@@ -43,7 +43,12 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvclaims import queries
+from kvclaims.contract.clock import clock_anchor, clock_table
 from kvclaims.contract.schema import InputError
+from kvclaims.reconstruct import core, loader
+from kvclaims.reconstruct.core import (STAGES, run_stages, split_statements, stage_sql,
+                                       validate_memory_limit)
 
 # The tables every fleet dataset holds (a stage may add more, e.g. ``lowering``: those are
 # written too): the events themselves (sealed), the manifests, every reconstructed table.
@@ -84,7 +89,6 @@ def find_fleet_runs(patterns: Sequence[str | Path]) -> list[FleetRun]:
 
     Raises ``InputError`` for a pattern that matches nothing and for a run id seen twice.
     """
-    from kvclaims.reconstruct import loader
 
     runs: dict[str, FleetRun] = {}
     for pattern in patterns:
@@ -111,14 +115,12 @@ CORE_LAST: Final[str] = "04_labels.sql"
 
 def core_stages() -> tuple[str, ...]:
     """The stages a task runs: ``core.STAGES`` up to and including ``04_labels.sql``."""
-    from kvclaims.reconstruct.core import STAGES
 
     return STAGES[: STAGES.index(CORE_LAST) + 1]
 
 
 def sql_stages() -> tuple[str, ...]:
     """The stages Spark SQL runs over the tasks' tables: every stage after the core."""
-    from kvclaims.reconstruct.core import STAGES
 
     return STAGES[STAGES.index(CORE_LAST) + 1:]
 
@@ -134,7 +136,6 @@ def run_core(con: Any, manifests: dict[str, dict[str, Any]], truncated: set[str]
     NOTE: ``core.run_stages`` has no stop-after argument; its progress hook stops it after the
     last core stage, so the setup (manifest, policy and mode tables) stays the one in core.py.
     """
-    from kvclaims.reconstruct.core import run_stages
 
     last = core_stages()[-1]
 
@@ -174,8 +175,6 @@ def core_tables(run: FleetRun, tables: Sequence[str], *, memory_limit: str = "1G
 
     The events are read and checked by the loader exactly as by ``kvclaims.open``.
     """
-    from kvclaims.audit import _clock_table
-    from kvclaims.reconstruct import core, loader
 
     runs = loader.open_runs([run.run_dir])
     info = core.StreamedInput({}, {}, [], set())
@@ -187,7 +186,7 @@ def core_tables(run: FleetRun, tables: Sequence[str], *, memory_limit: str = "1G
         trace = loader.Trace(events=pa.table({}), manifests=info.manifests,
                              run_dirs=info.run_dirs, truncations=info.truncations,
                              truncated_runs=info.truncated_runs)
-        clock = _clock_table(info.manifests)
+        clock = clock_table(info.manifests)
         # NOTE: the anchor travels as integer microseconds: a naive Arrow timestamp would be
         # read by Spark in the worker's local time zone
         clock = clock.append_column("utc_us", clock.column("utc").cast(pa.int64())).drop(["utc"])
@@ -426,7 +425,6 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
     by date and run, and ``out/_core/`` is removed. ``progress`` is told each step (the core,
     each statement's table, each table written).
     """
-    from kvclaims.reconstruct.core import validate_memory_limit
 
     memory_limit = validate_memory_limit(memory_limit)  # in the driver, before any task
     shipped, outputs, statements = plan_tables()       # a stage Spark cannot run fails here
@@ -567,7 +565,6 @@ def open_dataset_duckdb(out: str | Path, con: Any = None) -> Any:
     """A DuckDB connection with each table of a fleet dataset as a view, and the query views."""
     import duckdb
 
-    from kvclaims import queries
 
     con = con or duckdb.connect()
     for table in dataset_tables(out):
@@ -620,7 +617,6 @@ def spark_view_sql(view: str) -> str:
     import sqlglot
     from sqlglot import exp
 
-    from kvclaims import queries
 
     tree = sqlglot.parse_one(queries.sql_text(view), read="duckdb")
     if isinstance(tree, exp.Create):
@@ -633,7 +629,6 @@ def spark_view_sql(view: str) -> str:
 
 def open_dataset_spark(spark: Any, out: str | Path) -> list[str]:
     """Register each table of a fleet dataset and every documented view on a Spark session."""
-    from kvclaims import queries
 
     for table in dataset_tables(out):
         # NOTE: Spark unescapes the run ids in the partition paths (it escaped them writing)
@@ -797,7 +792,6 @@ def spark_stage(stage: str, text: str | None = None) -> list[SparkStatement]:
     import sqlglot
     from sqlglot import exp
 
-    from kvclaims.reconstruct.core import split_statements, stage_sql
 
     out = []
     for stmt in split_statements(stage_sql(stage) if text is None else text):
@@ -822,7 +816,6 @@ def stage_tables(stages: Sequence[str]) -> tuple[set[str], set[str]]:
     import sqlglot
     from sqlglot import exp
 
-    from kvclaims.reconstruct.core import split_statements, stage_sql
 
     created: set[str] = set()
     read: set[str] = set()
@@ -936,9 +929,7 @@ class DatasetAudit:
 
     @property
     def clocks(self) -> dict[str, Any]:
-        """Each run's wall-clock anchor (``kvclaims.audit.clock_anchor``), None without one."""
-        from kvclaims.audit import clock_anchor
-
+        """Each run's wall-clock anchor (``kvclaims.contract.clock.clock_anchor``), None without one."""
         return {rid: clock_anchor(m) for rid, m in self.manifests.items()}
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.contract.schema import LABEL_SEVERITY, RESIDENCY_MODES
+from kvclaims.contract.vocabulary import LABEL_SEVERITY, RESIDENCY_MODES
 
 
 def _shield_llvmlite() -> None:

@@ -33,7 +33,8 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvclaims.contract.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
+from kvclaims.contract.schema import (BLOCK_RANGE, COLUMN_SINCE, VALUE_RANGES, range_problem,
+                                      ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
                              SCHEMA_VERSION, InputError)
 from kvclaims.contract.trace_writer import (CHECKSUM_SCHEME, HEADER_RECORD_BATCH, HEADER_SCHEMA,
                                    MANIFEST_NAME, SEALED_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX,
@@ -44,39 +45,6 @@ _SEGMENT_RE: Final = re.compile(
 _CONTINUATION: Final[bytes] = b"\xff\xff\xff\xff"
 _MAX_METADATA: Final[int] = 64 * 1024 * 1024   # a larger flatbuffer header is garbage
 _MAX_BODY: Final[int] = 1 << 40
-
-# Columns a schema version added: a segment of an older version may lack them (read as null);
-# every other column is required (a segment without its claim_id column is not our trace).
-COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2}
-
-# Value ranges every reader relies on (inclusive). NOTE: block counts and positions stay below
-# 2**30 so that sums of two (e.g. protected + required) cannot overflow int32 in SQL; ttl_s is
-# at most ~31 years so that it converts to an interval.
-_BLOCKS: Final[tuple[int, int]] = (0, 2**30 - 1)
-VALUE_RANGES: Final[dict[str, tuple[float, float]]] = {
-    "seq": (0, 2**62), "ts_ns": (0, 2**63 - 1), "step": (0, 2**62),
-    "block_size": (1, 2**30 - 1), "num_blocks": _BLOCKS, "usable_blocks": _BLOCKS,
-    "schema_version": (1, 2**31 - 1), "events_written": (0, 2**62), "events_dropped": (0, 2**62),
-    "first_seq": (0, 2**62), "last_seq": (0, 2**62), "num_prompt_tokens": (0, 2**31 - 1),
-    "blocks_required": _BLOCKS, "free_blocks": _BLOCKS, "protected_blocks": _BLOCKS,
-    "shortfall_blocks": (-(2**30), 2**30 - 1), "num_cached_tokens": (0, 2**31 - 1),
-    "num_output_tokens": (0, 2**31 - 1), "block_id": _BLOCKS, "position": _BLOCKS,
-    "threshold_blocks": _BLOCKS, "ttl_s": (0.0, 1e9), "value": (-1e15, 1e15),
-}
-
-
-def range_problem(column: str, value: Any) -> str | None:
-    """Why one value of ``column`` is out of range (or not finite), or None."""
-    bounds = VALUE_RANGES.get(column)
-    if bounds is None or value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"field '{column}' is {value}, not a finite number"
-    lo, hi = bounds
-    if not lo <= value <= hi:
-        return f"field '{column}' is {value}, outside {lo:g}..{hi:g}"
-    return None
-
 
 class TraceError(InputError):
     """A trace that cannot be read as recorded; the message names the file."""
@@ -294,7 +262,7 @@ def _find_run_dirs(p: Path) -> list[Path]:
 
 
 _MANIFEST_INTS: Final[dict[str, tuple[int, int]]] = {
-    "block_size": (1, 2**30 - 1), "num_blocks": _BLOCKS, "usable_blocks": _BLOCKS,
+    "block_size": (1, 2**30 - 1), "num_blocks": BLOCK_RANGE, "usable_blocks": BLOCK_RANGE,
     "events_written": (0, 2**62), "events_dropped": (0, 2**62), "recorder_errors": (0, 2**62),
     "write_failures": (0, 2**62)}
 _MANIFEST_STRS: Final[tuple[str, ...]] = ("runtime", "runtime_version", "model", "policy",
@@ -528,8 +496,7 @@ class SegmentRead:
     missing_columns: list[str] = field(default_factory=list)
 
 
-def read_segment(path: Path, *, allow_truncated: bool,
-                 report: Callable[[str], None], expect_checksums: bool = False,
+def read_segment(path: Path, *, report: Callable[[str], None], expect_checksums: bool = False,
                  version: int = SCHEMA_VERSION, eos_expected: bool = True,
                  found: SegmentRead | None = None) -> Iterator[pa.RecordBatch]:
     """Yield the decoded batches of one segment that can be trusted.
@@ -537,8 +504,7 @@ def read_segment(path: Path, *, allow_truncated: bool,
     A batch whose checksum does not match, that cannot be decoded, or that a broken framing
     cuts off is skipped and described in ``found.damaged`` (a hole); so is the whole segment
     when it lacks a required column. A cut or unfinished end is reported through ``report``
-    (one message). ``allow_truncated`` is kept for callers: the run's other segments are
-    checked against the manifest by ``read_run``.
+    (one message); the run's segments are checked against the manifest by ``read_run``.
     """
     name = str(path)
     found = found if found is not None else SegmentRead()
@@ -769,7 +735,6 @@ def _read_segments(run: RunDir, report: Callable[[str], None],
     """``read_run`` over the IPC segments; batches up to ``skip_through`` were delivered."""
     prev: int | None = None
     listed = run.manifest["segments"]
-    last = len(run.segments) - 1
     expect = run.manifest.get("batch_checksum") == CHECKSUM_SCHEME
     version = run.manifest["schema_version"]
     recorded = "imported_from" not in run.manifest
@@ -793,7 +758,7 @@ def _read_segments(run: RunDir, report: Callable[[str], None],
             truncated.append(msg)
             report(msg)
 
-        for batch in read_segment(seg, allow_truncated=(i == last), report=note,
+        for batch in read_segment(seg, report=note,
                                   expect_checksums=expect, version=version,
                                   eos_expected=entry.get("eos", True) is not False,
                                   found=found):

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kvclaims.recorder.claims import ClaimDeclaration, Rejection, parse_claim
-from kvclaims.contract.policies import OFFLOAD_REJECTION, PINNING_MODES, Policy
-from kvclaims.contract.schema import RESIDENCY_MODES
+from kvclaims.contract.policies import OFFLOAD_REJECTION, Policy
+from kvclaims.contract.vocabulary import PINNING_MODES, RESIDENCY_MODES
 
 Emit = Callable[..., None]
 Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here

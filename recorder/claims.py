@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvclaims.contract.schema import PROTECTION_MODES
+from kvclaims.contract.vocabulary import PROTECTION_MODES
 
 # Flat HTTP keys -> claim fields.
 _FLAT_KEYS: dict[str, str] = {

@@ -142,14 +142,14 @@ def test_ts_is_utc_from_the_manifest_anchor(tmp_path: Path) -> None:
 
 
 def test_clock_anchor_reads_the_iso_time_when_utc_ns_is_absent() -> None:
-    from kvclaims.audit import clock_anchor
+    from kvclaims.contract.clock import clock_anchor
 
     got = clock_anchor({"clock": {"utc": "2026-11-30T10:42:07.123456789Z", "monotonic_ns": 5}})
     assert got is not None and got.ts_ns == 5 and got.utc.microsecond == 123456
 
 
 def test_a_manifest_without_clock_has_no_anchor() -> None:
-    from kvclaims.audit import clock_anchor
+    from kvclaims.contract.clock import clock_anchor
 
     assert clock_anchor({"run_id": "r"}) is None
     assert clock_anchor({"clock": None}) is None     # importers write null

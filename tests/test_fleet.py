@@ -177,7 +177,7 @@ def test_table_comparison_sees_one_changed_label(dataset: Path) -> None:
 
 def test_spark_sql_runs_the_stages_it_can(dataset_result: dict[str, Any]) -> None:
     # NOTE: a statement Spark SQL cannot analyse runs per run in DuckDB (listed with the
-    # reason); every table of 05_feasibility and 05_outcomes runs on Spark SQL
+    # reason); every table of 05_feasibility and 06_outcomes runs on Spark SQL
     fallen = {line.split(":")[1].strip() for line in dataset_result["duckdb_fallbacks"]}
     assert not fallen & {"feasibility", "claims", "requests", "kv_claim_refs"}
 

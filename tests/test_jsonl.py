@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from kvclaims.contract.schema import ARROW_SCHEMA, COLUMNS, InputError, SchemaError
-from kvclaims.sources.jsonl import (event_to_json, export_jsonl, import_jsonl, read_jsonl,
+from kvclaims.cli.io import export_jsonl
+from kvclaims.sources.jsonl import (event_to_json, import_jsonl, read_jsonl,
                                validate_events)
 from kvclaims.reconstruct.loader import load_runs
 

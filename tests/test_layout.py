@@ -7,7 +7,6 @@ The repository keeps one top-level folder per part; installed, they all live und
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile

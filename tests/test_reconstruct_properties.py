@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvclaims.reconstruct import core, loader
 from kvclaims.sources.jsonl import events_to_table
-from kvclaims.contract.schema import LABEL_SEVERITY, RESIDENCY_MODES
+from kvclaims.contract.vocabulary import LABEL_SEVERITY, RESIDENCY_MODES
 
 CLAIMS = ("c1", "c2")
 HASHES = (11, 12, 13)

@@ -4,7 +4,7 @@ with each protection mode, from the manifest when it says, else derived with evi
 from __future__ import annotations
 
 from kvclaims.sources import shapes
-from kvclaims.contract.schema import PROTECTION_MODES
+from kvclaims.contract.vocabulary import PROTECTION_MODES
 from tests import verdict_shapes as vs
 
 

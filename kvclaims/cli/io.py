@@ -27,6 +27,16 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvclaims.contract.schema import InputError
+import kvclaims
+from kvclaims.sources import jsonl
+from kvclaims.reconstruct.loader import EVENTS_SCHEMA, iter_batches
+from kvclaims.audit import check_read_only
+from kvclaims import queries
+from kvclaims.audit import _sql_error
+from kvclaims.explaining import explain
+from kvclaims.reconstruct.fleet import open_dataset_audit
+from kvclaims.sources.arbiter_traces import convert_file
+from kvclaims.sources.kv_events import import_capture
 
 IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl", "vllm-kv-events")
 RESULT_FORMATS = ("table", "csv", "json", "parquet")
@@ -171,7 +181,6 @@ def progress_reporter(command: str, quiet: bool = False,
 
 def open_audit(args: argparse.Namespace, paths: Sequence[str], command: str, **kw: Any) -> Any:
     """Open the audit for a command, with its options and progress; warn about truncations."""
-    import kvclaims
 
     if not paths:
         raise InputError("give at least one RUN_DIR")
@@ -187,17 +196,11 @@ def open_audit(args: argparse.Namespace, paths: Sequence[str], command: str, **k
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``kvclaims import``: validate and write run directories."""
-    from kvclaims.sources import jsonl
 
     path = Path(args.file)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     if args.source_format == "arbiter-jsonl":
-        # NOTE: imported lazily: the converter is a separate part and optional here
-        try:
-            from kvclaims.sources.arbiter_traces import convert_file
-        except ImportError as exc:
-            raise InputError(f"--from arbiter-jsonl is not available: {exc}") from None
         converted = convert_file(path)
         # NOTE: the converter's own summary (unmapped events, notes) travels in the manifest
         summary = getattr(converted, "summary", None)
@@ -208,7 +211,6 @@ def cmd_import(args: argparse.Namespace) -> int:
         events = jsonl.validate_events(converted, path.name)
         dirs = jsonl.import_events(events, args.out, source=path.name, extra=extra)
     elif args.source_format == "vllm-kv-events":  # a `kvclaims listen --capture` file
-        from kvclaims.sources.kv_events import import_capture
 
         import_capture(path, args.out, warn=lambda m: _warn([f"{path}: {m}"]))
         dirs = [Path(args.out)]
@@ -227,13 +229,23 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise InputError("--format parquet needs --out FILE (Parquet is binary)")
         count = export_parquet(args.run_dir, args.out, truncations=truncations)
     else:
-        from kvclaims.sources import jsonl
-
-        count = jsonl.export_jsonl(args.run_dir, args.out, truncations=truncations)
+        count = export_jsonl(args.run_dir, args.out, truncations=truncations)
     _warn(truncations, "kvclaims export")
     if args.out != "-":
         print(f"exported {count} events -> {args.out}", file=sys.stderr)
     return 0
+
+
+def export_jsonl(run_dir: str | Path | Sequence[str | Path], out: str | Path | IO[str], *,
+                 truncations: list[str] | None = None) -> int:
+    """Write run(s) as canonical JSON Lines to ``out`` (path, '-' or text stream).
+
+    ``run_dir`` may be a run directory, a sweep directory or a list of them; runs are written
+    in run_id order. Returns the number of events; truncation messages go to ``truncations``.
+    """
+    paths = [run_dir] if isinstance(run_dir, (str, Path)) else list(run_dir)
+    with jsonl.open_out(out) as fh:
+        return jsonl.write_jsonl(iter_batches(paths, truncations=truncations), fh)
 
 
 def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
@@ -242,7 +254,6 @@ def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
     streaming; returns the number of events."""
     import pyarrow.parquet as pq
 
-    from kvclaims.reconstruct.loader import EVENTS_SCHEMA, iter_batches
 
     count = 0
     try:
@@ -259,7 +270,6 @@ def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
 
 def cmd_sql(args: argparse.Namespace) -> int:
     """``kvclaims sql``: one read-only SELECT over the audit."""
-    from kvclaims.audit import check_read_only
 
     check_read_only(args.sql)  # NOTE: refuse before the (slow) reconstruction
     with open_audit(args, args.paths, "sql") as audit:
@@ -272,7 +282,6 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.list:
         return list_names(args)
     if args.sql is not None:
-        from kvclaims.audit import check_read_only
 
         check_read_only(args.sql)
         with open_audit(args, args.args, "query") as audit:
@@ -281,7 +290,6 @@ def cmd_query(args: argparse.Namespace) -> int:
     if len(args.args) < 2:
         raise InputError("usage: kvclaims query NAME RUN_DIR... (names: kvclaims query --list)")
     name, paths = args.args[0], args.args[1:]
-    from kvclaims import queries
 
     if name not in queries.VIEWS and name not in queries.TABLES:
         raise InputError(f"unknown table or view {name!r}; see 'kvclaims query --list'")
@@ -296,7 +304,6 @@ def cmd_query(args: argparse.Namespace) -> int:
 def list_names(args: argparse.Namespace) -> int:
     """``kvclaims query --list``: every view (description from its SQL comment), then every
     table."""
-    from kvclaims import queries
 
     rows = [("view", v, queries.description(v)) for v in sorted(queries.VIEWS)]
     rows += [("table", t, d) for t, d in sorted(queries.TABLES.items())]
@@ -324,7 +331,6 @@ def emit(rel: Any, args: argparse.Namespace, *, title: str) -> None:
     """Print or write a relation in the chosen format."""
     import duckdb
 
-    from kvclaims.audit import _sql_error
 
     fmt = _format(args)
     try:
@@ -378,10 +384,8 @@ def write_parquet(rel: Any, out: str | Path) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """``kvclaims explain``: one tenant's post-incident explanation."""
-    from kvclaims.explaining import explain
 
     if args.dataset is not None:
-        from kvclaims.reconstruct.fleet import open_dataset_audit
 
         if args.paths:
             raise InputError("give either RUN_DIR... or --dataset DIR, not both")

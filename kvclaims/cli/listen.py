@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from kvclaims.contract.schema import InputError
+from kvclaims.sources.declared_claims import DEFAULT_NONE_HASH_SEED, HashScheme
+from kvclaims.sources.declared_claims import load_claims, tokenize
+from kvclaims.sources import kv_events as kv
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,7 +70,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def hash_scheme(algo: str, seed: str | None) -> Any:
     """The engine's hash scheme (vLLM's rules for the NONE_HASH seed)."""
-    from kvclaims.sources.declared_claims import DEFAULT_NONE_HASH_SEED, HashScheme
 
     if seed is None and algo.startswith("xxhash"):
         raise InputError(f"--hash-algo {algo}: vLLM seeds it randomly per process unless the "
@@ -80,7 +82,6 @@ def load_declared(path: Path | None, scheme: Any, block_size: int | None,
     """Load the claims file and check, before listening, everything that can be checked."""
     if path is None:
         return []
-    from kvclaims.sources.declared_claims import load_claims, tokenize
 
     claims = load_claims(path)
     for c in claims:
@@ -94,7 +95,6 @@ def load_declared(path: Path | None, scheme: Any, block_size: int | None,
 
 def cmd_listen(args: argparse.Namespace) -> int:
     """``kvclaims listen``: run until SIGINT/SIGTERM or ``--duration``, then close the run."""
-    from kvclaims.sources import kv_events as kv
 
     if args.data_parallel_rank < 0:
         raise InputError("--data-parallel-rank must be >= 0")

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from kvclaims.cli.io import audit_options, open_audit
+from kvclaims.contract.schema import InputError
+from kvclaims.reconstruct import fleet
+from kvclaims.progress import Progress
 
 
 def register(subparsers: Any) -> None:
@@ -94,8 +97,6 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
 
 def _reconstruct_spark(args: argparse.Namespace) -> int:
     """``--engine spark``: the fleet path (``kvclaims.reconstruct.fleet``), one task per run."""
-    from kvclaims.contract.schema import InputError
-    from kvclaims.reconstruct import fleet
 
     if not args.out:
         raise InputError("--engine spark needs --out DATASET (the fleet's Parquet datasets)")
@@ -103,7 +104,6 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
         import pyspark  # noqa: F401
     except ImportError:
         raise InputError("--engine spark needs pyspark: pip install 'kvclaims[spark]'") from None
-    from kvclaims.progress import Progress
 
     # NOTE: the key counts runs, so the "time left" estimate compares like with like
     with Progress("reconstruct --engine spark", quiet=bool(args.json),

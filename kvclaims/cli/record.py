@@ -18,6 +18,10 @@ from kvclaims.progress import Progress
 from kvclaims.contract.policies import POLICIES
 from kvclaims.sources.scenarios import SCENARIOS
 from kvclaims.contract.schema import InputError
+from kvclaims.sources import scenarios
+from kvclaims.sources.scenarios import record
+import kvclaims
+from kvclaims.reconstruct.loader import read_manifest
 
 SWEEP_COLUMNS = ("run_id", "policy", "usable_blocks", "active_outcome", "resident_blocks_lost",
                  "claim_outcome", "blocking_claim_ids", "shortfall_blocks", "harm", "expiry",
@@ -135,7 +139,6 @@ def _progress_of_driver(progress: Progress) -> Iterator[None]:
     ``submit``/``step`` are wrapped for the duration and restored after (proposed to the
     recorder's owner: a ``progress`` parameter on ``record``).
     """
-    from kvclaims.sources import scenarios
 
     submit, step = scenarios.Driver.submit, scenarios.Driver.step
     counts = {"steps": 0}
@@ -163,7 +166,6 @@ def _progress_of_driver(progress: Progress) -> Iterator[None]:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from kvclaims.sources.scenarios import record
 
     _quiet_vllm(args.verbose)
     with _engine_noise_aside(args.verbose) as terminal, \
@@ -206,7 +208,6 @@ def _record(args: argparse.Namespace) -> int:
 def open_audit(run_dirs: list[Path]) -> Any:
     """The one place ``record`` and ``sweep`` open an audit: the audit facade, whose
     ``.sql(text)`` sees ``events``, the reconstructed tables and the documented views."""
-    import kvclaims
 
     return kvclaims.open(run_dirs)
 
@@ -257,8 +258,6 @@ def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, 
           stream: Any = None) -> list[dict[str, Any]]:
     """Record every (policy, capacity) point not yet complete, then tabulate them all;
     progress on ``stream`` (default stderr) when it is a terminal and not ``quiet``."""
-    from kvclaims.reconstruct.loader import read_manifest
-    from kvclaims.sources.scenarios import record
 
     out.mkdir(parents=True, exist_ok=True)
     points = [(p, c) for p in policies for c in sorted(capacities)]

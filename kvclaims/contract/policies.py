@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from kvclaims.contract.schema import PINNING_MODES  # noqa: F401  (re-exported: one source)
+from kvclaims.contract.schema import InputError
+from kvclaims.contract.vocabulary import POLICY_NAMES
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ POLICIES: Final[dict[str, Policy]] = {
                "claims are enforced by their mode; a claim without a mode is expiring"),
     )
 }
+assert tuple(POLICIES) == POLICY_NAMES  # NOTE: the vocabulary names every policy, in order
 
 # The lowering verdicts: what a runtime does with each mode's promise.
 VERDICTS: Final[tuple[str, ...]] = ("enforced", "approximated", "rejected", "recorded only")
@@ -85,7 +87,6 @@ def lowering(policy: Policy) -> dict[str, dict[str, str]]:
 
 def get_policy(name: str) -> Policy:
     """Look a policy up by name, with a clear error listing the choices."""
-    from kvclaims.contract.schema import InputError
 
     try:
         return POLICIES[name]

@@ -10,9 +10,12 @@ bumps ``SCHEMA_VERSION``; readers refuse versions from the future instead of gue
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Final
 
 import pyarrow as pa
+
 
 SCHEMA_VERSION: Final[int] = 2
 # Versions this kvclaims reads. Version 2 added the ``step`` column, ``hook_failed``,
@@ -129,24 +132,6 @@ EVENTS: Final[dict[str, tuple[str, ...]]] = {
 # Columns an in-engine event may carry whatever its event (beyond ENVELOPE).
 COMMON: Final[tuple[str, ...]] = ("step",)
 
-# "unknown": an observed eviction whose cause the evidence does not say (vLLM's KV events).
-EVICTION_CAUSES: Final[frozenset[str]] = frozenset({"allocation", "reset", "explicit", "unknown"})
-PROTECTION_MODES: Final[tuple[str, ...]] = (
-    "best_effort", "soft_priority", "hard_protected", "demotable", "expiring", "offloadable")
-# Modes whose blocks the arbiter pins (vLLM's BlockPool.touch) while the claim is in force.
-PINNING_MODES: Final[frozenset[str]] = frozenset({"hard_protected", "demotable", "expiring"})
-# Modes that promise residency: a loss that breaks their predicate while in force is harm.
-# NOTE: best_effort promises nothing (never harm); soft_priority promises eviction order only
-# (harm only when a lower-priority evictable block existed). offloadable promised "moved, never
-# lost"; the recorder now rejects it at submission, but an older trace that accepted one shows
-# a loss of it as harm (the promise was accepted and not kept).
-RESIDENCY_MODES: Final[frozenset[str]] = PINNING_MODES | {"offloadable"}
-# Labels, most severe first: a block bound to several claims takes the first that applies.
-LABELS: Final[tuple[str, ...]] = ("harm", "expiry", "relaxation", "eviction", "unknown")
-LABEL_SEVERITY: Final[dict[str, int]] = {"unknown": 5, "harm": 4, "expiry": 3,
-                                         "relaxation": 2, "eviction": 1}
-# Who may end a claim's force (claim_released.released_by).
-RELEASERS: Final[tuple[str, ...]] = ("tenant", "operator", "arbiter")
 
 ARROW_SCHEMA: Final[pa.Schema] = pa.schema(
     [pa.field(name, typ, nullable=name not in ENVELOPE) for name, typ in COLUMNS.items()],
@@ -155,6 +140,39 @@ ARROW_SCHEMA: Final[pa.Schema] = pa.schema(
 
 # Python types a JSON value may have for each Arrow type (bool is not an int here).
 _INT_TYPES = {pa.int32(), pa.int64(), pa.uint64()}
+
+
+# Columns a schema version added: a segment of an older version may lack them (read as null);
+# every other column is required (a segment without its claim_id column is not our trace).
+COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2}
+
+# Value ranges every reader relies on (inclusive). NOTE: block counts and positions stay below
+# 2**30 so that sums of two (e.g. protected + required) cannot overflow int32 in SQL; ttl_s is
+# at most ~31 years so that it converts to an interval.
+BLOCK_RANGE: Final[tuple[int, int]] = (0, 2**30 - 1)
+VALUE_RANGES: Final[dict[str, tuple[float, float]]] = {
+    "seq": (0, 2**62), "ts_ns": (0, 2**63 - 1), "step": (0, 2**62),
+    "block_size": (1, 2**30 - 1), "num_blocks": BLOCK_RANGE, "usable_blocks": BLOCK_RANGE,
+    "schema_version": (1, 2**31 - 1), "events_written": (0, 2**62), "events_dropped": (0, 2**62),
+    "first_seq": (0, 2**62), "last_seq": (0, 2**62), "num_prompt_tokens": (0, 2**31 - 1),
+    "blocks_required": BLOCK_RANGE, "free_blocks": BLOCK_RANGE, "protected_blocks": BLOCK_RANGE,
+    "shortfall_blocks": (-(2**30), 2**30 - 1), "num_cached_tokens": (0, 2**31 - 1),
+    "num_output_tokens": (0, 2**31 - 1), "block_id": BLOCK_RANGE, "position": BLOCK_RANGE,
+    "threshold_blocks": BLOCK_RANGE, "ttl_s": (0.0, 1e9), "value": (-1e15, 1e15),
+}
+
+
+def range_problem(column: str, value: Any) -> str | None:
+    """Why one value of ``column`` is out of range (or not finite), or None."""
+    bounds = VALUE_RANGES.get(column)
+    if bounds is None or value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"field '{column}' is {value}, not a finite number"
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        return f"field '{column}' is {value}, outside {lo:g}..{hi:g}"
+    return None
 
 
 class InputError(ValueError):

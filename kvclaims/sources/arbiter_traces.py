@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from kvclaims.reconstruct.loader import range_problem
 from kvclaims.contract.schema import (
-    PROTECTION_MODES,
     RECORDER_VERSION,
     SCHEMA_VERSION,
     InputError,
     SchemaError,
     check_event,
     hash64,
+    range_problem,
 )
+from kvclaims.contract.vocabulary import PROTECTION_MODES
 
 RUNTIME: Final[str] = "vllm-arbiter-prototype"
 RUNTIME_VERSION: Final[str] = "0.19.1-patched"

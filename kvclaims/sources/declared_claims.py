@@ -39,7 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from kvclaims.contract.schema import PROTECTION_MODES, InputError, hash64
+from kvclaims.contract.schema import InputError, hash64
+from kvclaims.contract.vocabulary import PROTECTION_MODES
 
 HASH_ALGOS: Final[tuple[str, ...]] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # vLLM's NONE_HASH seed for the cryptographic algorithms when PYTHONHASHSEED is not set

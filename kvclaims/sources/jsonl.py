@@ -24,9 +24,8 @@ import pyarrow as pa
 
 from kvclaims.contract.batches import build_batch
 from kvclaims.contract.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
-                             SchemaError, check_event)
+                                      SchemaError, check_event, range_problem)
 from kvclaims.contract.trace_writer import HASH_IMPORTED, RunWriter
-from kvclaims.reconstruct.loader import iter_batches, range_problem
 
 _FIELDS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
 _BATCH_ROWS: Final[int] = 65536
@@ -265,7 +264,7 @@ def write_jsonl(batches: Iterable[pa.RecordBatch], out: IO[str]) -> int:
 
 
 @contextmanager
-def _open_out(out: str | Path | IO[str]) -> Iterator[IO[str]]:
+def open_out(out: str | Path | IO[str]) -> Iterator[IO[str]]:
     """A text stream for ``out``: '-' is stdout; a path is written atomically (tmp + rename)."""
     if not isinstance(out, (str, Path)):
         yield out
@@ -286,15 +285,3 @@ def _open_out(out: str | Path | IO[str]) -> Iterator[IO[str]]:
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def export_jsonl(run_dir: str | Path | Sequence[str | Path], out: str | Path | IO[str], *,
-                 truncations: list[str] | None = None) -> int:
-    """Write run(s) as canonical JSON Lines to ``out`` (path, '-' or text stream).
-
-    ``run_dir`` may be a run directory, a sweep directory or a list of them; runs are written
-    in run_id order. Returns the number of events; truncation messages go to ``truncations``.
-    """
-    paths = [run_dir] if isinstance(run_dir, (str, Path)) else list(run_dir)
-    with _open_out(out) as fh:
-        return write_jsonl(iter_batches(paths, truncations=truncations), fh)

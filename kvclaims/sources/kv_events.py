@@ -55,6 +55,10 @@ from typing import IO, Any, Final
 from kvclaims.recorder.buffer import event_problem, pending_to_batch
 from kvclaims.contract.schema import InputError, hash64
 from kvclaims.contract.trace_writer import RunWriter
+from kvclaims.sources.declared_claims import HashScheme
+from kvclaims.contract.schema import RECORDER_VERSION, SCHEMA_VERSION
+from kvclaims.sources.declared_claims import schedule
+from kvclaims.sources.declared_claims import START, action_events
 
 RUNTIME: Final[str] = "vllm-kv-events"
 END_SEQ: Final[bytes] = (-1).to_bytes(8, "big", signed=True)
@@ -322,7 +326,6 @@ class ObservedRun:
         self.last_ts = 0
         self._p: tuple[list[int], list[int], list[str], list[dict[str, Any]]] = ([], [], [], [])
         info = self.writer.run_info
-        from kvclaims.contract.schema import RECORDER_VERSION, SCHEMA_VERSION
 
         self.emit(None, "run_started", {
             **{k: info.get(k) for k in ("runtime", "runtime_version", "model", "block_size",
@@ -450,7 +453,6 @@ class Listener:
                  wall0: int | None = None, mono0: int | None = None,
                  default_tokenizer: str | None = None,
                  warn: Callable[[str], None] | None = None) -> None:
-        from kvclaims.sources.declared_claims import schedule
 
         self.run = run
         self.tr = translator
@@ -483,7 +485,6 @@ class Listener:
     def due(self, wall_ns: int | None) -> None:
         """Write the claim actions due at or before ``wall_ns`` (None: only ``"from": "start"``
         claims). A claim given by token ids waits until the block size is known."""
-        from kvclaims.sources.declared_claims import START, action_events
 
         while self._actions:
             act = self._actions[0]
@@ -880,7 +881,6 @@ def import_capture(path: str | Path, out_dir: str | Path, *, claims: Sequence[An
     first = next(frames, None)
     if first is None:
         raise KVEventsError(f"{p}: capture holds no frames")
-    from kvclaims.sources.declared_claims import HashScheme
 
     scheme = scheme or HashScheme()
     info = run_info(run_id or p.stem, model=model, block_size=block_size,

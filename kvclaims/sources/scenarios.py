@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.policies import get_policy
+from kvclaims.sources.tiny_model import ensure_tiny_model
 
 BLOCK_SIZE = 32  # the CPU backend needs a multiple of 32
 VOCAB = 500  # token ids stay below the tiny model's vocabulary (512)
@@ -254,8 +256,6 @@ def record(scenario: str | Scenario, usable_blocks: int | None, policy: str | No
     return the client's view. The engine runs in-process unless
     ``VLLM_ENABLE_V1_MULTIPROCESSING`` says otherwise.
     """
-    from kvclaims.contract.policies import get_policy
-    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     spec = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
     scenario = spec.name

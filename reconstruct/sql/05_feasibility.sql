@@ -20,7 +20,7 @@
 -- The events stages 05-07 read besides the block timeline, scanned once: request decisions
 -- and lifecycle, claim lifecycle and runtime reports after submission, resets, gaps and hook
 -- failures, with the columns those stages read.
--- NOTE: the one scan of `events` for these kinds; 05_outcomes, 06_findings and 07_conformance
+-- NOTE: the one scan of `events` for these kinds; 06_outcomes, 07_findings and 08_conformance
 -- read this table. Block events and claim bindings, the bulk of a trace, are left out, and so
 -- are the columns nobody reads here (reading all of `events`' columns costs several times more).
 CREATE OR REPLACE TEMP TABLE kv_stage_events AS
@@ -42,7 +42,7 @@ WHERE event IN ('request_arrived', 'request_admitted', 'request_deferred', 'requ
 -- trace has no steps (the stepless admission join below needs each one's seq):
 -- n_allocated / n_cached / n_hit: its block_allocated / block_cached / block_hit events;
 -- n_hit_after_admission: its hits after its last admission (the admission that served it).
--- NOTE: the one scan of the block events in stages 05-07 (05_outcomes reads it too).
+-- NOTE: the one scan of the block events in stages 05-07 (06_outcomes reads it too).
 CREATE OR REPLACE TEMP TABLE kv_request_blocks AS
 WITH last_adm AS (
     SELECT run_id, request_id, max(seq) AS last_admitted_seq

@@ -1,0 +1,64 @@
+"""The vocabulary of kvclaims, in one place (docs/design.md §4-§7).
+
+Every other part reads these names instead of retyping them: the recorder and the importers
+(modes), the labelling pass (label codes), the SQL stages and views (through the ``kv_*``
+tables and the ``{v:term}`` placeholders that ``reconstruct.core.stage_sql`` fills from
+``TERMS``), the dashboard, the report and the explanations. ``tests/test_vocabulary.py`` fails on
+a vocabulary literal in SQL, dashboard or report code that is not read from here.
+
+NOTE: this module imports nothing of kvclaims: it is the bottom of the import graph.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- protection modes (docs/design.md §3) --------------------------------------------------------
+PROTECTION_MODES: Final[tuple[str, ...]] = (
+    "best_effort", "soft_priority", "hard_protected", "demotable", "expiring", "offloadable")
+# Modes whose blocks the arbiter pins (vLLM's BlockPool.touch) while the claim is in force.
+PINNING_MODES: Final[frozenset[str]] = frozenset({"hard_protected", "demotable", "expiring"})
+# Modes that promise residency: a loss that breaks their predicate while in force is harm.
+# NOTE: best_effort promises nothing (never harm); soft_priority promises eviction order only
+# (harm only when a lower-priority evictable block existed). offloadable promised "moved, never
+# lost"; the recorder rejects it at submission, but an older trace that accepted one shows a
+# loss of it as harm (the promise was accepted and not kept).
+RESIDENCY_MODES: Final[frozenset[str]] = PINNING_MODES | {"offloadable"}
+
+# -- run policies (kvclaims.contract.policies holds what each one does) ------------------------
+POLICY_NAMES: Final[tuple[str, ...]] = (
+    "native", "write_no_admit", "hard_protected", "demote_on_conflict", "ttl_expiry")
+
+# -- loss labels (docs/design.md §5) -------------------------------------------------------------
+# Most severe first: a block bound to several claim instances takes the first that applies.
+# NOTE: unknown ranks above harm: a hole that could change the answer is never hidden behind a
+# verdict; every page, table and chart ranks labels in this one order.
+LABELS: Final[tuple[str, ...]] = ("unknown", "harm", "expiry", "relaxation", "eviction")
+# The labelling pass's codes: a higher code is more severe (eviction 1 .. unknown 5).
+LABEL_SEVERITY: Final[dict[str, int]] = {
+    label: len(LABELS) - i for i, label in enumerate(LABELS)}
+
+# -- outcomes (docs/design.md §6) ----------------------------------------------------------------
+CLAIM_OUTCOMES: Final[tuple[str, ...]] = (
+    "harmed", "unknown", "demoted", "expired", "released", "rejected", "preserved",
+    "never_materialized")
+REQUEST_OUTCOMES: Final[tuple[str, ...]] = (
+    "refused", "aborted", "preempted", "unknown", "deferred_then_served", "served")
+
+# -- findings (docs/reconstruction.md "Findings") ------------------------------------------------
+# Most severe first.
+FINDING_SEVERITIES: Final[tuple[str, ...]] = (
+    "violation", "security", "disagreement", "hole", "anomaly", "info")
+
+# -- verdicts (docs/conformance.md) --------------------------------------------------------------
+# A check that nothing in the run exercised is ``not_exercised``, never a pass.
+CHECK_VERDICTS: Final[tuple[str, ...]] = ("fail", "unknown", "pass", "not_exercised")
+
+# -- who may end a claim's force (claim_released.released_by, docs/design.md §2) ----------------
+RELEASERS: Final[tuple[str, ...]] = ("tenant", "operator", "arbiter")
+
+# -- the reconstructed tables, in the order they are built and written --------------------------
+TABLE_NAMES: Final[tuple[str, ...]] = (
+    "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
+# Verdict tables: computed from the others, readable like them (docs/conformance.md).
+VERDICT_TABLES: Final[tuple[str, ...]] = ("conformance", "lowering")
