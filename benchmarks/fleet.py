@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvclaims.reconstruct import fleet  # noqa: E402
+from kvclaims import fleet  # noqa: E402
 import kvclaims  # noqa: E402
 from kvclaims.sources.synthetic import write_trace  # noqa: E402
 

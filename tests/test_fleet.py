@@ -3,7 +3,7 @@ machine.
 
 Spark starts once per module (a JVM); the fleet is a handful of shipped runs, a generated run,
 a run split into many segments and a run with a hole. Tasks run the labelling core; the later
-stages run as Spark SQL transpiled from the same stage files (reconstruct/fleet.py).
+stages run as Spark SQL transpiled from the same stage files (kvclaims/fleet.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from kvclaims.contract.trace_writer import RunWriter  # noqa: E402
-from kvclaims.reconstruct import fleet  # noqa: E402
+from kvclaims import fleet  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
 from kvclaims.sources.jsonl import import_jsonl  # noqa: E402
 from kvclaims.reconstruct.core import STAGES  # noqa: E402

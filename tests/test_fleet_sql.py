@@ -1,4 +1,4 @@
-"""The Spark rewrites of the stage SQL (reconstruct/fleet.py), checked without Spark.
+"""The Spark rewrites of the stage SQL (kvclaims/fleet.py), checked without Spark.
 
 The stage files (``core.STAGES`` after the labelling core) are transpiled at run time: every
 one must become Spark SQL that parses back, with none of DuckDB's own constructs left.
@@ -12,7 +12,7 @@ pytest.importorskip("sqlglot")
 
 import sqlglot  # noqa: E402
 
-from kvclaims.reconstruct import fleet  # noqa: E402
+from kvclaims import fleet  # noqa: E402
 
 
 def test_every_sql_stage_transpiles_to_spark_sql() -> None:

@@ -83,7 +83,7 @@ def test_unknown_kvclaims_subpackage_is_not_invented() -> None:
 
 def test_offline_side_never_imports_the_engine_hot_path() -> None:
     done = _python("import sys\n"
-                   "import kvclaims.audit, kvclaims.cli.io, kvclaims.cli.reconstruct\n"
+                   "import kvclaims.audit, kvclaims.queries, kvclaims.explaining\n"
                    "import kvclaims.sources.jsonl, kvclaims.sources.arbiter_traces\n"
                    "import kvclaims.sources.synthetic, kvclaims.sources.shapes\n"
                    "import kvclaims.reconstruct.core, kvclaims.reconstruct.loader\n"
@@ -93,8 +93,114 @@ def test_offline_side_never_imports_the_engine_hot_path() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_command_line_never_imports_vllm_or_torch() -> None:
+    done = _python("import sys, kvclaims.cli\nkvclaims.cli.build_parser()\n"
+                   "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch'}))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_hot_path_check_sees_the_scheduler_when_it_is_imported() -> None:
     done = _python("import sys, kvclaims.recorder.buffer\n"
                    f"print(sorted(m for m in sys.modules if m in {HOT_PATH!r}))")
     assert done.returncode == 0, done.stderr
     assert "kvclaims.recorder.buffer" in done.stdout
+
+
+# -- the import graph, read statically from the files ------------------------------------------
+# NOTE: the run directory is the seam (docs/design.md §9): the contract is the bottom; the
+# recorder runs inside vLLM; sources produce run directories; the reconstructor reads them;
+# queries, the facade, the dashboard and the CLI are built on top, in that order.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("kvclaims.contract",),
+    ("kvclaims.recorder",),
+    ("kvclaims.sources",),
+    ("kvclaims.reconstruct",),
+    ("kvclaims.queries",),
+    ("kvclaims",),           # the facade: kvclaims.open, Audit, explain
+    ("kvclaims.dashboard",),
+    ("kvclaims.cli",),
+)
+FOLDERS = {"recorder": "kvclaims.recorder", "reconstruct": "kvclaims.reconstruct",
+           "queries": "kvclaims.queries", "dashboard": "kvclaims.dashboard",
+           "kvclaims": "kvclaims"}
+# Function-level imports of our own modules that are there for a reason other than hiding an
+# arrow: the facade's ``kvclaims.open`` loads DuckDB only when called, so that the recorder,
+# which imports ``kvclaims.contract`` inside vLLM, never pays for it.
+LAZY_ALLOWED = {"kvclaims"}
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of the longest prefix that owns ``module``."""
+    best, size = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > size:
+                best, size = i, len(p)
+    return best
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts[0] = FOLDERS[parts[0]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def internal_imports(source: str) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, inside a function or class)`` for each import of kvclaims."""
+    import ast
+
+    tree = ast.parse(source)
+    top = {id(n) for n in tree.body}
+    for n in tree.body:  # an `if TYPE_CHECKING:` block at module level is top level too
+        if isinstance(n, ast.If):
+            top |= {id(m) for m in ast.walk(n)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = ([f"kvclaims.{a.name}" for a in node.names] if node.module == "kvclaims"
+                     else [node.module])
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [(m, node.lineno, id(node) not in top) for m in names
+                  if m.split(".")[0] == "kvclaims"]
+    return found
+
+
+def arrows_up(source: str, module: str) -> list[str]:
+    """The imports in ``source`` (the module ``module``) that point to a higher layer."""
+    return [f"{module}:{line} -> {target}" for target, line, _ in internal_imports(source)
+            if layer_of(target) > layer_of(module)]
+
+
+def _package_files() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (REPO / folder).rglob("*.py"))
+
+
+def test_imports_point_only_down_the_layers() -> None:
+    ups = [a for p in _package_files() for a in arrows_up(p.read_text(), module_name(p))]
+    assert ups == []
+
+
+def test_an_import_from_a_higher_layer_is_caught() -> None:
+    src = "from kvclaims.reconstruct import core\n"
+    assert arrows_up(src, "kvclaims.recorder.hooks") == [
+        "kvclaims.recorder.hooks:1 -> kvclaims.reconstruct"]
+    assert arrows_up("def f():\n    from kvclaims.dashboard import data\n",
+                     "kvclaims.queries") == ["kvclaims.queries:2 -> kvclaims.dashboard"]
+
+
+def test_own_modules_are_imported_at_the_top_of_the_file() -> None:
+    hidden = [f"{module_name(p)}:{line} -> {target}" for p in _package_files()
+              for target, line, inner in internal_imports(p.read_text())
+              if inner and module_name(p) not in LAZY_ALLOWED]
+    assert hidden == []
+
+
+def test_an_import_inside_a_function_is_seen() -> None:
+    assert internal_imports("def f():\n    import kvclaims.audit\n") == [
+        ("kvclaims.audit", 2, True)]

@@ -34,7 +34,7 @@ from kvclaims.audit import check_read_only
 from kvclaims import queries
 from kvclaims.audit import _sql_error
 from kvclaims.explaining import explain
-from kvclaims.reconstruct.fleet import open_dataset_audit
+from kvclaims.fleet import open_dataset_audit
 from kvclaims.sources.arbiter_traces import convert_file
 from kvclaims.sources.kv_events import import_capture
 

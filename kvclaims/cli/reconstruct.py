@@ -10,7 +10,7 @@ from typing import Any
 
 from kvclaims.cli.io import audit_options, open_audit
 from kvclaims.contract.schema import InputError
-from kvclaims.reconstruct import fleet
+from kvclaims import fleet
 from kvclaims.progress import Progress
 
 
@@ -96,7 +96,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
 
 
 def _reconstruct_spark(args: argparse.Namespace) -> int:
-    """``--engine spark``: the fleet path (``kvclaims.reconstruct.fleet``), one task per run."""
+    """``--engine spark``: the fleet path (``kvclaims.fleet``), one task per run."""
 
     if not args.out:
         raise InputError("--engine spark needs --out DATASET (the fleet's Parquet datasets)")
