@@ -92,14 +92,20 @@ def _code_version() -> str:
 
 
 def machine() -> str:
-    """One line naming the machine: cores, CPU model, memory, Python, vLLM, the code's commit."""
+    """One line naming the machine: cores, CPU model, memory, Python, vLLM, the code's commit
+    and the load average."""
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
         memory = f", {mem:.0f} GiB"
     except (ValueError, OSError, AttributeError):
         memory = ""
+    try:  # NOTE: on a shared machine the load says how far wall figures are from idle ones
+        load = f", load average {os.getloadavg()[0]:.1f} when written"
+    except (OSError, AttributeError):
+        load = ""
     return (f"{os.cpu_count()} cores ({_cpu_model()}){memory}, Python "
-            f"{platform.python_version()}, {_vllm_version()}, kvclaims commit {_code_version()}")
+            f"{platform.python_version()}, {_vllm_version()}, kvclaims commit "
+            f"{_code_version()}{load}")
 
 
 def _markers(name: str) -> tuple[str, str]:
