@@ -131,7 +131,7 @@ def replace_section(text: str, name: str, section: str) -> str:
     begin, end = _markers(name)
     starts, stops = text.count(begin), text.count(end)
     if starts == stops == 0:
-        return text.rstrip("\n") + "\n\n" + section + "\n"
+        return (text.rstrip("\n") + "\n\n" if text.strip() else "") + section + "\n"
     i, j = text.find(begin), text.find(end)
     if starts != 1 or stops != 1 or j < i:
         raise ValueError(f"section {name}: expected one {begin} before one {end}, found "

@@ -60,6 +60,11 @@ def test_missing_section_is_appended_at_the_end(tmp_path: Path) -> None:
     assert text.rstrip().endswith("stage table\n<!-- stages:end -->")
 
 
+def test_new_file_starts_with_the_section(tmp_path: Path) -> None:
+    text = _write(tmp_path / "new.md", "listener", "table")
+    assert text.startswith("<!-- listener:begin -->\n") and text.endswith("<!-- listener:end -->\n")
+
+
 def test_unbalanced_markers_are_refused_and_the_file_left_alone(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     broken = OTHERS.replace("<!-- listener:end -->", "")
