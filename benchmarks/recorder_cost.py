@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _report  # noqa: E402
 from kvclaims.recorder.buffer import EventBuffer, layout  # noqa: E402
 from kvclaims.contract.trace_writer import RunWriter  # noqa: E402
 from kvclaims.reconstruct.loader import load_runs  # noqa: E402
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--compression", default="zstd", help="zstd, lz4 or none")
+    _report.add_doc_option(ap)
     args = ap.parse_args(argv)
     compression = None if args.compression == "none" else args.compression
     events = workload(args.events)
@@ -231,17 +233,22 @@ def main(argv: list[str] | None = None) -> int:
         load = time.perf_counter() - t0
         assert trace.events.num_rows == n + 2
 
-    print(f"events                               {n:,} (compression: {args.compression})")
-    print(f"python call floor (same kwargs)      {floor:8.0f} ns/event")
-    print(f"emit() hot path, median              {emit_ns:8.0f} ns/event")
-    print(f"emit_many() per hook call, median    {many_ns:8.0f} ns/event")
-    print(f"stage() per hook call, median        {staged_ns:8.0f} ns/event")
-    print(f"convert + write (writer thread)      {convert_rate:12,.0f} events/s")
-    print(f"  the same, staged hook calls        {staged_rate:12,.0f} events/s")
-    print(f"end to end (emit+convert+write)      {live / n * 1e9:8.0f} ns/event")
-    print(f"on disk                              {seg_bytes / n:8.1f} bytes/event "
-          f"({seg_bytes / 1e6:.1f} MB)")
-    print(f"load (decode + checks)               {n / load:12,.0f} events/s")
+    figures = [
+        ("events", f"{n:,} (compression: {args.compression})"),
+        ("python call floor (same kwargs)", f"{floor:.0f} ns/event"),
+        ("emit() hot path, median", f"{emit_ns:.0f} ns/event"),
+        ("emit_many() per hook call, median", f"{many_ns:.0f} ns/event"),
+        ("stage() per hook call, median", f"{staged_ns:.0f} ns/event"),
+        ("convert + write (writer thread)", f"{convert_rate:,.0f} events/s"),
+        ("the same, staged hook calls", f"{staged_rate:,.0f} events/s"),
+        ("end to end (emit+convert+write)", f"{live / n * 1e9:.0f} ns/event"),
+        ("on disk", f"{seg_bytes / n:.1f} bytes/event ({seg_bytes / 1e6:.1f} MB)"),
+        ("load (decode + checks)", f"{n / load:,.0f} events/s"),
+    ]
+    for name, value in figures:
+        print(f"{name:<37}{value}")
+    _report.write_section("recorder_cost", _report.markdown_table(["figure", "value"], figures),
+                          args.doc, script=__file__)
     return 0
 
 

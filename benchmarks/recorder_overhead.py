@@ -67,6 +67,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from benchmarks import _report  # noqa: E402
+
 _clock = time.thread_time_ns
 SPENT: dict[str, int] = {}  # scheduler CPU ns per timed engine
 STEPS: dict[str, int] = {}
@@ -552,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, default=4.0)
     ap.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")],
                     default=[100_000, 200_000, 400_000, 800_000])
+    _report.add_doc_option(ap)
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     configs = tuple(c for c in args.configs.split(",") if c)
@@ -576,9 +579,16 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.writer_only:
             for shape in shapes:
                 rows += engine_table(shape, args.rounds, Path(tmp), configs)
+        engine_rows = len(rows)
         if not args.engine_only:
             rows += writer_rows(args, Path(tmp))
     print("\n".join(rows))
+    # NOTE: one section per part, so that --writer-only or --lockstep replaces only its own
+    engine = "recorder_overhead.lockstep" if args.lockstep else "recorder_overhead.engine"
+    parts = {engine: rows[:engine_rows], "recorder_overhead.writer": rows[engine_rows:]}
+    for name, part in parts.items():
+        if part:
+            _report.write_section(name, _report.preformatted(part), args.doc, script=__file__)
     return 0
 
 

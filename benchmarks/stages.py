@@ -25,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _report  # noqa: E402
 from benchmarks.reconstruct import write_shape  # noqa: E402
 from kvclaims.reconstruct import core, loader  # noqa: E402
 
@@ -146,16 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--save", metavar="DIR", help="save every table for a later --compare")
     g.add_argument("--compare", metavar="DIR", help="compare every table with a --save")
+    _report.add_doc_option(ap)
     args = ap.parse_args(argv)
     work = Path(args.work)
     only = [p for p in args.stages.split(",") if p]
     ok = True
+    seconds: dict[str, dict[str, float]] = {}
     for shape in args.shapes.split(","):
         print(f"{shape} ({args.events:,} events)", flush=True)
         paths = shape_paths(work, shape, args.events)
         con, timed, _n, tmp = time_stages(paths, work)
         try:
             per_stage = report(timed, only)
+            seconds[shape] = per_stage
             print(f"  total 05-07: {sum(s for k, s in per_stage.items() if k >= '05'):.3f} s; "
                   f"all stages: {sum(per_stage.values()):.3f} s", flush=True)
             if args.save or args.compare:
@@ -163,7 +167,21 @@ def main(argv: list[str] | None = None) -> int:
                                       save=bool(args.save))
         finally:
             core.drop_database(con, tmp)
+    _report.write_section("stages", stage_table(seconds, args.events), args.doc,
+                          script=__file__)
     return 0 if ok else 1
+
+
+def stage_table(seconds: dict[str, dict[str, float]], events: int) -> str:
+    """Wall seconds per stage (rows) and shape (columns), with the totals, as Markdown."""
+    shapes = list(seconds)
+    rows = [[stage, *(f"{seconds[s].get(stage, 0.0):.3f}" for s in shapes)]
+            for stage in core.STAGES]
+    rows.append(["total 05-07", *(f"{sum(v for k, v in seconds[s].items() if k >= '05'):.3f}"
+                                  for s in shapes)])
+    rows.append(["all stages", *(f"{sum(seconds[s].values()):.3f}" for s in shapes)])
+    return _report.markdown_table(
+        ["stage (wall s)", *(f"{s} ({events:,} events)" for s in shapes)], rows)
 
 
 if __name__ == "__main__":
