@@ -14,6 +14,8 @@ import re
 from importlib import resources
 from typing import Any, Final
 
+from kvclaims.contract.vocabulary import fill_sql
+
 # Views in the order they are created (a view may use one created before it).
 VIEWS: Final[tuple[str, ...]] = (
     "loss_labels", "loss_labels_by_tenant", "claim_outcomes", "claim_timeline",
@@ -38,7 +40,8 @@ def sql_text(view: str) -> str:
     """The SQL (with its documentation comments) that defines one view."""
     if view not in VIEWS:
         raise KeyError(f"unknown view {view!r}; choose one of {list(VIEWS)}")
-    return resources.files("kvclaims.queries").joinpath(f"{view}.sql").read_text(encoding="utf-8")
+    return fill_sql(resources.files("kvclaims.queries").joinpath(f"{view}.sql")
+                    .read_text(encoding="utf-8"))
 
 
 def description(view: str) -> str:

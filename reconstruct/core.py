@@ -43,7 +43,8 @@ import pyarrow.compute as pc
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
-                                          TABLE_NAMES, VERDICT_TABLES)
+                                          TABLE_NAMES, VERDICT_TABLES, fill_sql,
+                                          vocabulary_tables)
 from kvclaims.reconstruct import labels
 from kvclaims.contract import policies
 from kvclaims.reconstruct import loader
@@ -81,8 +82,10 @@ PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
 
 
 def stage_sql(name: str) -> str:
-    """The text of one stage's SQL file (shipped as package data)."""
-    return resources.files("kvclaims.reconstruct").joinpath("sql", name).read_text(encoding="utf-8")
+    """The text of one stage's SQL file (shipped as package data), its vocabulary terms filled
+    in (``vocabulary.fill_sql``)."""
+    return fill_sql(resources.files("kvclaims.reconstruct").joinpath("sql", name)
+                    .read_text(encoding="utf-8"))
 
 
 def split_statements(sql: str) -> list[str]:
@@ -333,6 +336,10 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     kv_manifest = manifest_table(manifests, truncated_runs)
     kv_policies = _policies_table()
     kv_manifest_lowering = manifest_lowering_table(manifests)
+    for name, rows in vocabulary_tables().items():
+        con.register(f"{name}_in", pa.Table.from_pylist(rows))
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {name}_in")
+        con.unregister(f"{name}_in")
     kv_modes = _modes_table()
     con.register("kv_modes_in", kv_modes)
     con.execute("CREATE OR REPLACE TEMP TABLE kv_modes AS SELECT * FROM kv_modes_in")

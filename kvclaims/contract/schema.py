@@ -16,6 +16,8 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from kvclaims.contract.vocabulary import EVENT_NAMES
+
 
 SCHEMA_VERSION: Final[int] = 2
 # Versions this kvclaims reads. Version 2 added the ``step`` column, ``hook_failed``,
@@ -128,6 +130,7 @@ EVENTS: Final[dict[str, tuple[str, ...]]] = {
     # so enforcement from this seq on cannot be trusted and is judged unknown
     "hook_failed": ("hook", "error_type"),
 }
+assert tuple(EVENTS) == EVENT_NAMES  # NOTE: the vocabulary names every event, in this order
 
 # Columns an in-engine event may carry whatever its event (beyond ENVELOPE).
 COMMON: Final[tuple[str, ...]] = ("step",)

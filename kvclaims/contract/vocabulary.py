@@ -11,7 +11,19 @@ NOTE: this module imports nothing of kvclaims: it is the bottom of the import gr
 
 from __future__ import annotations
 
+import re
 from typing import Final
+
+# -- events (docs/design.md §4; kvclaims.contract.schema.EVENTS gives each one's fields) --------
+EVENT_NAMES: Final[tuple[str, ...]] = (
+    "run_started", "run_finished", "recorder_gap", "request_arrived", "request_admitted",
+    "request_deferred", "request_refused", "request_preempted", "request_finished",
+    "block_allocated", "block_cached", "block_hit", "block_freed", "block_evicted",
+    "cache_reset", "reuse_denied", "claim_submitted", "claim_accepted", "claim_rejected",
+    "claim_bound", "claim_materialized", "claim_demoted", "claim_expired", "claim_released",
+    "claim_release_refused", "claim_harmed", "hook_failed")
+# block_evicted.cause; "unknown": an observed eviction whose cause the evidence does not say.
+EVICTION_CAUSES: Final[tuple[str, ...]] = ("allocation", "reset", "explicit", "unknown")
 
 # -- protection modes (docs/design.md §3) --------------------------------------------------------
 PROTECTION_MODES: Final[tuple[str, ...]] = (
@@ -62,3 +74,39 @@ TABLE_NAMES: Final[tuple[str, ...]] = (
     "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
 # Verdict tables: computed from the others, readable like them (docs/conformance.md).
 VERDICT_TABLES: Final[tuple[str, ...]] = ("conformance", "lowering")
+
+
+# -- the vocabulary as SQL reads it --------------------------------------------------------------
+# NOTE: a SQL stage or view names a term as ``{group.term}`` (e.g. ``{label.harm}``); ``fill_sql``
+# replaces it with the quoted term and refuses a term the group does not have, so that SQL never
+# spells the vocabulary itself and a renamed term fails loudly instead of matching nothing.
+GROUPS: Final[dict[str, tuple[str, ...]]] = {
+    "event": EVENT_NAMES, "cause": EVICTION_CAUSES, "mode": PROTECTION_MODES,
+    "policy": POLICY_NAMES, "label": LABELS, "claim_outcome": CLAIM_OUTCOMES,
+    "request_outcome": REQUEST_OUTCOMES, "severity": FINDING_SEVERITIES,
+    "verdict": CHECK_VERDICTS, "releaser": RELEASERS,
+}
+_TERM: Final = re.compile(r"\{([a-z_]+)\.([A-Za-z0-9_]+)\}")
+
+
+def fill_sql(text: str) -> str:
+    """``text`` with every ``{group.term}`` replaced by the quoted term (ValueError if unknown)."""
+    def term(m: re.Match[str]) -> str:
+        group, name = m.group(1), m.group(2)
+        if name not in GROUPS.get(group, ()):
+            raise ValueError(f"{{{group}.{name}}}: not a term of the vocabulary")
+        return f"'{name}'"
+
+    return _TERM.sub(term, text)
+
+
+def vocabulary_tables() -> dict[str, list[dict[str, object]]]:
+    """The vocabulary tables SQL joins on, as rows: ``kv_vocabulary`` (``grp``, ``term``,
+    ``rank``: 0 is first, i.e. most severe for labels and severities) and ``kv_labels``
+    (``label``, ``rank``, ``severity``: the labelling pass's code)."""
+    return {
+        "kv_vocabulary": [{"grp": group, "term": name, "rank": i}
+                          for group, names in GROUPS.items() for i, name in enumerate(names)],
+        "kv_labels": [{"label": name, "rank": i, "severity": LABEL_SEVERITY[name]}
+                      for i, name in enumerate(LABELS)],
+    }
