@@ -18,16 +18,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script by `streamlit run`: make the repo importable
-    _ROOT = str(Path(__file__).resolve().parent.parent)
-    if _ROOT not in sys.path:
-        sys.path.insert(0, _ROOT)
+import pandas as pd
+import streamlit as st
 
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from kvclaims.dashboard import charts, data, report  # noqa: E402
-from kvclaims.contract.schema import InputError  # noqa: E402
+from kvclaims.dashboard import charts, data, report
+from kvclaims.contract.schema import InputError
 
 #: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
 PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"),

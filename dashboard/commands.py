@@ -77,8 +77,6 @@ def _dashboard(args: argparse.Namespace) -> int:
     print(f"kvclaims dashboard: http://{args.host}:{args.port}/ (Ctrl-C to stop)",
           file=sys.stderr)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(APP.parent.parent), *filter(None, [env.get("PYTHONPATH")])])
     command = streamlit_command(list(args.paths), args.port, args.host)
     # NOTE: the server replaces this process (exec), it is not its child: a SIGTERM sent to
     # `kvclaims dashboard` (a service manager, a test) then stops the server itself instead

@@ -1,4 +1,4 @@
-"""The package layout: one import namespace, homes for shared parts, the old scheduler path.
+"""The package layout: one import namespace, the import graph one way, the engine hot path apart.
 
 The repository keeps one top-level folder per part; installed, they all live under ``kvclaims``
 (pyproject.toml ``package-dir``), so installing kvclaims claims no generic top-level name.
