@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from kvclaims.recorder.policies import MODE_ENFORCEMENT, PINNING_MODES, POLICIES
 from kvclaims.recorder.schema import PROTECTION_MODES, RESIDENCY_MODES
 from kvclaims.recorder.schema import InputError
-from kvclaims.reconstruct import labels
+from kvclaims.reconstruct import checks, labels
 
 # The reconstructed tables, in the order they are built and written.
 TABLE_NAMES: Final[tuple[str, ...]] = (
@@ -65,8 +65,10 @@ PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
 
 
 def stage_sql(name: str) -> str:
-    """The text of one stage's SQL file (shipped as package data)."""
-    return resources.files("kvclaims.reconstruct").joinpath("sql", name).read_text(encoding="utf-8")
+    """The text of one stage's SQL file (shipped as package data), with the check and
+    lowering-class tables of ``reconstruct/checks.py`` filled in."""
+    return checks.fill_sql(resources.files("kvclaims.reconstruct").joinpath("sql", name)
+                           .read_text(encoding="utf-8"))
 
 
 def split_statements(sql: str) -> list[str]:

@@ -170,7 +170,11 @@ S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_PROTPOS = range(9)
 # counters
 (C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_NPROT, C_NDIRTY,
- C_NSLOTS, C_PROTVER) = range(11)
+ C_NSLOTS, C_PROTVER, C_PROTHELD) = range(12)
+NC = 12
+# NOTE: C_PROTHELD counts the protected copies (C_PROTECTED) that a request also references
+# (held); held - protheld is the active live KV outside the protected set, so feasibility's
+# protected + live never counts a block twice (a running request hitting a claim's prefix).
 # NOTE: ``prot[:C_NPROT]`` lists exactly the instances protecting blocks now: in force, of a
 # residency mode, with a resident bound block (I_OK > 0); ``IS[i, I_PROTPOS]`` is i's index in
 # it, -1 when absent. It is kept up to date where any of the three changes (``_protecting``), so
@@ -186,8 +190,8 @@ NL = 19
  P_SEQ) = range(11)
 NP_ = 11
 # admission snapshot columns
-A_SEQ, A_ROW, A_PROT, A_CACHED, A_EVICTABLE, A_HELD, A_L0, A_L1 = range(8)
-NA = 8
+A_SEQ, A_ROW, A_PROT, A_CACHED, A_EVICTABLE, A_HELD, A_L0, A_L1, A_LIVE = range(9)
+NA = 9
 
 
 @numba.njit(cache=True)
@@ -365,6 +369,8 @@ def _copy(b: int, h: int, delta: int, seq: int, BS: np.ndarray, HS: np.ndarray,
     C[C_CACHED] += delta
     if HS[h, H_RESID] > 0:
         C[C_PROTECTED] += delta
+        if BS[b, B_REF] > 0:
+            C[C_PROTHELD] += delta
     if BS[b, B_REF] == 0:
         C[C_EVICTABLE] += delta
         HS[h, H_EVC] += delta
@@ -390,6 +396,8 @@ def _ref(b: int, delta: int, BS: np.ndarray, HS: np.ndarray, C: np.ndarray) -> N
         if h >= 0:
             C[C_EVICTABLE] -= d
             HS[h, H_EVC] -= d
+            if HS[h, H_RESID] > 0:
+                C[C_PROTHELD] += d
             if HS[h, H_SOFT] == 0:
                 C[C_LOW] -= d
 
@@ -410,8 +418,10 @@ def _protect(h: int, mode: int, delta: int, HS: np.ndarray, C: np.ndarray) -> No
         HS[h, H_RESID] = old + delta
         if old == 0 and delta > 0:
             C[C_PROTECTED] += HS[h, H_COPIES]
+            C[C_PROTHELD] += HS[h, H_COPIES] - HS[h, H_EVC]
         elif old + delta == 0 and delta < 0:
             C[C_PROTECTED] -= HS[h, H_COPIES]
+            C[C_PROTHELD] -= HS[h, H_COPIES] - HS[h, H_EVC]
 
 
 @numba.njit(cache=True)
@@ -771,6 +781,10 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                 AL[nal:nal + m] = np.sort(prot[:m])
                 nal += m
             A[na, A_L1] = nal
+            # NOTE: live KV is read at the decision itself, in both modes: what the running
+            # requests hold then (their allocations, and the frees of a preemption earlier in
+            # the step, are in); 05_feasibility takes the request's own blocks of the step out
+            A[na, A_LIVE] = C[C_HELD] - C[C_PROTHELD]
             na += 1
 
         # judgement point: after a stepless event, or at the end of a scheduler step
@@ -877,7 +891,7 @@ DDL: Final[tuple[str, ...]] = (
     """CREATE OR REPLACE TEMP TABLE kv_admission_state (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR, protected_blocks BIGINT,
         protected_claim_seqs BIGINT[], cached_blocks BIGINT, evictable_blocks BIGINT,
-        held_blocks BIGINT)""",
+        held_blocks BIGINT, live_blocks BIGINT)""",
 )
 
 _FACTS_SQL: Final[str] = """
@@ -962,7 +976,7 @@ class _Run:
         self.IS[:, I_MAT] = -1
         self.IS[:, I_SEEN] = -1
         self.IS[:, I_PROTPOS] = -1
-        self.C = np.zeros(11, dtype=np.int64)
+        self.C = np.zeros(NC, dtype=np.int64)
         self.C[C_HOOK] = -1
         self.C[C_NSLOTS] = nslots
         self.prot = np.zeros(max(1, ni), dtype=np.int64)
@@ -1262,7 +1276,8 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
             "cached_blocks": pa.array(A[:, A_CACHED]),
             "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
-            "held_blocks": pa.array(A[:, A_HELD])}))
+            "held_blocks": pa.array(A[:, A_HELD]),
+            "live_blocks": pa.array(A[:, A_LIVE])}))
 
 
 def _finish(run: _Run, sink: _Sink) -> None:

@@ -1,21 +1,30 @@
 -- Stage 5a: feasibility, rebuilt from the block timeline at every admission decision
 -- (request_admitted / request_deferred / request_refused) and preemption
--- (docs/reconstruction.md, "Feasibility").
+-- (docs/reconstruction.md, "Feasibility"; seed 000's inequality
+-- protected_resident_kv + active_live_kv <= usable_kv).
 --
 -- protected_blocks: distinct cached blocks bound (a current binding, position < k) to claim
 --   instances in force whose mode promises residency (kvclaims.recorder.schema.RESIDENCY_MODES), from
 --   the labelling pass's snapshot (kv_admission_state), whatever the runtime did with them.
 --   NOTE: with scheduler steps, the snapshot is the pool as the decision's step found it
 --   (vLLM allocates, and evicts, for a request before it records the decision).
--- required_blocks: the request's blocks not hit in the cache: its prompt's blocks,
+-- live_blocks: the blocks the running requests hold at the decision (referenced by a request),
+--   less the protected ones (never counted twice) and less the request's own blocks of the
+--   decision's step (its own need is required_blocks).
+-- required_blocks: the request's own need: its prompt's blocks,
 --   ceil(num_prompt_tokens / block_size), less its block_hit events of that admission (the
 --   decision itself if admitted, else the request's next admission; in the admission's
 --   scheduler step when the trace has steps, else up to the request's next lifecycle event).
 --   NOTE: not the step's allocations: chunked prefill allocates a long prompt over several
---   steps. Without the prompt's size in the trace: the admission's allocations; without
---   either, NULL (no hit is credited without evidence).
--- feasible: protected + required <= usable (docs/design.md, "Feasibility").
+--   steps, and chunking does not bound live KV. Without the prompt's size in the trace: the
+--   admission's allocations; without either, NULL (no hit is credited without evidence).
+--   A preemption needs nothing new: the preempted request's blocks are among live_blocks (0).
+-- active_live_blocks = live_blocks + required_blocks;
+-- feasible: protected + active_live <= usable (docs/design.md, "Feasibility");
+-- shortfall_blocks: protected + active_live - usable, at least 0 (rebuilt).
 -- The runtime's own figures stay beside them (runtime_*); agrees: both verdicts are equal.
+-- NOTE: the runtime (recorder/arbiter.py) counts protected + its own required only; a
+-- difference in any figure is a finding (06_findings.sql), never copied into the rebuilt one.
 
 -- The events stages 05-07 read besides the block timeline, scanned once: request decisions
 -- and lifecycle, claim lifecycle and runtime reports after submission, resets, gaps and hook
@@ -134,7 +143,7 @@ WITH prompt AS (
     FROM kv_stage_events e WHERE e.event = 'request_arrived' AND e.request_id IS NOT NULL
     GROUP BY ALL
 ), next_adm AS (
-    -- each deferral or preemption with the request's next admission (at or after it)
+    -- each deferral with the request's next admission (at or after it)
     SELECT run_id, seq, request_id, event,
            min(CASE WHEN event = 'request_admitted' THEN seq END) OVER (
                PARTITION BY run_id, request_id ORDER BY seq
@@ -145,22 +154,27 @@ WITH prompt AS (
     FROM next_adm d
     JOIN kv_admission_allocs a
       ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.next_adm_seq
-    WHERE d.event IN ('request_deferred', 'request_preempted')
+    WHERE d.event = 'request_deferred'
 ), f AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
            s.protected_blocks,
-           coalesce(
+           -- NOTE: an admission's own blocks of its step (allocations and hits, all made
+           -- before vLLM records the decision) are its need, not another request's live KV
+           greatest(0, s.live_blocks
+                       - CASE WHEN d.step IS NOT NULL AND d.event = 'request_admitted'
+                              THEN coalesce(a.allocated, 0) + coalesce(a.hits, 0)
+                              ELSE 0 END) AS live_blocks,
+           CASE WHEN d.event = 'request_preempted' THEN 0 ELSE coalesce(
                greatest(0, ceil(p.num_prompt_tokens / NULLIF(r.block_size, 0))::BIGINT
                            - coalesce(a.hits, CASE WHEN a.adm_seq IS NULL THEN l.hits END, 0)),
-               a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END)
+               a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END) END
                AS required_blocks,
            d.protected_blocks AS runtime_protected_blocks,
            d.blocks_required AS runtime_required_blocks,
+           d.shortfall_blocks AS runtime_shortfall_blocks,
            s.protected_claim_seqs,
-           -- compatibility columns (the runtime's arithmetic, as before)
-           d.free_blocks, d.shortfall_blocks AS reported_shortfall_blocks,
-           d.blocking_claim_ids, r.policy, r.enforcing
+           d.free_blocks, d.blocking_claim_ids, r.policy, r.enforcing
     FROM kv_decisions d
     JOIN kv_runs r ON r.run_id = d.run_id
     LEFT JOIN kv_admission_state s ON s.run_id = d.run_id AND s.seq = d.seq
@@ -169,20 +183,34 @@ WITH prompt AS (
     LEFT JOIN kv_admission_allocs a
       ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.seq
     LEFT JOIN later l ON l.run_id = d.run_id AND l.seq = d.seq
+), ids AS (
+    -- the claim ids of the instances protecting blocks at each decision (the rebuilt blockers)
+    SELECT f.run_id, f.seq, list(DISTINCT c.claim_id ORDER BY c.claim_id) AS ids
+    FROM (SELECT run_id, seq, unnest(protected_claim_seqs) AS claim_seq FROM f) f
+    JOIN kv_claim_facts c ON c.run_id = f.run_id AND c.claim_seq = f.claim_seq
+    GROUP BY f.run_id, f.seq
+), g AS (
+    SELECT f.*, live_blocks + required_blocks AS active_live_blocks,
+           protected_blocks + live_blocks + required_blocks AS demand_blocks,
+           runtime_protected_blocks + runtime_required_blocks <= usable_blocks
+               AS runtime_feasible,
+           coalesce(i.ids, []::VARCHAR[]) AS protected_claim_ids
+    FROM f LEFT JOIN ids i ON i.run_id = f.run_id AND i.seq = f.seq
 )
-SELECT run_id, seq, ts_ns, step, request_id, event, usable_blocks, protected_blocks,
-       required_blocks,
-       protected_blocks + required_blocks <= usable_blocks AS feasible,
-       runtime_protected_blocks, runtime_required_blocks,
-       runtime_protected_blocks + runtime_required_blocks <= usable_blocks AS runtime_feasible,
-       (protected_blocks + required_blocks <= usable_blocks)
-           = (runtime_protected_blocks + runtime_required_blocks <= usable_blocks) AS agrees,
-       protected_claim_seqs,
-       replace(event, 'request_', '') AS decision,
+SELECT run_id, seq, ts_ns, step, request_id, event, replace(event, 'request_', '') AS decision,
+       usable_blocks,
+       -- rebuilt from the block timeline
+       protected_blocks, live_blocks, required_blocks, active_live_blocks, demand_blocks,
+       demand_blocks <= usable_blocks AS feasible,
+       greatest(0, demand_blocks - usable_blocks) AS shortfall_blocks,
+       protected_claim_seqs, protected_claim_ids,
+       -- what the runtime reported at the decision
+       runtime_protected_blocks, runtime_required_blocks, runtime_shortfall_blocks,
+       runtime_feasible, blocking_claim_ids, free_blocks,
+       (demand_blocks <= usable_blocks) = runtime_feasible AS agrees,
+       -- compatibility names for the runtime's figures
        runtime_required_blocks AS blocks_required,
-       runtime_protected_blocks + runtime_required_blocks AS demand_blocks,
-       greatest(0, runtime_protected_blocks + runtime_required_blocks - usable_blocks)
-           AS shortfall_blocks,
-       reported_shortfall_blocks, free_blocks, blocking_claim_ids, policy, enforcing
-FROM f
+       runtime_shortfall_blocks AS reported_shortfall_blocks,
+       policy, enforcing
+FROM g
 ORDER BY run_id, seq;
