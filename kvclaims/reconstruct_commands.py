@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kvclaims.io_commands import audit_options, open_audit
+from kvclaims.reconstruct.checks import checks_help
 
 
 def register(subparsers: Any) -> None:
@@ -33,10 +34,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_reconstruct)
 
     c = subparsers.add_parser(
-        "conformance", help="litmus L1-L7 and invariants, computed from the trace",
-        description="Each check's verdict (pass | fail | not_exercised | not_applicable | "
-                    "unknown) with its title and the seq numbers that prove it. Exit status "
-                    "1 when any check fails.")
+        "conformance", help="litmus checks and invariants, computed from the trace",
+        description="Each check's verdict (pass | fail | not_exercised | unknown) with its "
+                    "title and the seq numbers that prove it; not_exercised (the situation "
+                    "the check needs did not occur) is never a pass. Exit status 1 when any "
+                    "check fails. Rules: docs/conformance.md.",
+        epilog=checks_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _inputs(c)
     c.add_argument("--json", action="store_true", help="print the verdicts as a JSON array")
     c.set_defaults(func=cmd_conformance)

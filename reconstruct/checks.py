@@ -44,8 +44,8 @@ CHECKS: Final[tuple[Check, ...]] = (
           "block after its denial", True, True),
     Check(3, "L3",
           "A hard claim turns infeasibility into a refusal that names it, and loses nothing",
-          "an accepted hard_protected claim under an enforcing policy facing a request the "
-          "trace shows infeasible (protected + active live > usable, rebuilt)",
+          "an accepted hard_protected claim under an enforcing policy facing an infeasible "
+          "request (protected + active live > usable, rebuilt from the trace)",
           "a hard claim harmed; an infeasible deferral/refusal naming no hard claim; "
           "infeasible_admission; protected_block_lost; unjustified_refused or "
           "unjustified_deferred (it fit); any refusal_* finding", True, True),
