@@ -1,0 +1,185 @@
+"""Feasibility as seed 000 states it, rebuilt from the block timeline (docs/conformance.md,
+docs/reconstruction.md "Feasibility"), the checks that need their situation, and the one
+check table. Each rule with its negative twin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvclaims.generators import shapes
+from kvclaims.reconstruct.checks import CHECKS, checks_markdown, lowering_markdown
+from tests import feasibility_shapes as fs
+from tests import verdict_shapes as vs
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def judge(events: vs.Events) -> dict[str, str]:
+    return {c: v for c, (v, _d) in vs.verdicts(vs.reconstruct_events(events)).items()}
+
+
+def kinds(events: vs.Events) -> dict[str, str]:
+    t = vs.reconstruct_events(events)
+    return dict(t.con.sql("SELECT kind, max(severity) FROM findings GROUP BY kind").fetchall())
+
+
+def feas(events: vs.Events, request: str) -> tuple:
+    t = vs.reconstruct_events(events)
+    return t.con.sql("SELECT protected_blocks, live_blocks, required_blocks, feasible, "
+                     "runtime_feasible FROM feasibility WHERE request_id = $q "
+                     "ORDER BY seq DESC LIMIT 1", params={"q": request}).fetchone()
+
+
+# -- the inequality: protected + active live <= usable -------------------------------------------
+
+def test_a_running_requests_live_blocks_count_4_plus_3_plus_3_exceeds_8() -> None:
+    assert feas(fs.live_pressure(running=True), "new") == (4, 3, 3, False, True)
+
+
+def test_without_a_running_request_4_plus_3_fits_8() -> None:
+    assert feas(fs.live_pressure(running=False), "new") == (4, 0, 3, True, True)
+
+
+def test_an_admission_infeasible_with_live_kv_fails_inv_feasible_admission() -> None:
+    v = judge(fs.live_pressure(running=True))
+    assert v["INV_feasible_admission"] == "fail" and v["L_feasibility"] == "fail"
+
+
+def test_an_admission_feasible_with_live_kv_counted_passes() -> None:
+    assert judge(fs.live_pressure(running=False))["INV_feasible_admission"] == "pass"
+
+
+# -- a refusal is justified only if rebuilt infeasible -----------------------------------------
+
+def test_a_refusal_of_a_request_that_fit_fails_l3_and_the_refusal_invariant() -> None:
+    v = judge(fs.refusal_of(2))
+    assert v["L3"] == "fail" and v["INV_refusal_names_protected_claim"] == "fail"
+    assert kinds(fs.refusal_of(2))["unjustified_refused"] == "violation"
+
+
+def test_a_refusal_of_a_request_that_did_not_fit_passes() -> None:
+    v = judge(fs.refusal_of(7))
+    assert v["L3"] == "pass" and v["INV_refusal_names_protected_claim"] == "pass"
+    assert "unjustified_refused" not in kinds(fs.refusal_of(7))
+
+
+def test_a_refusal_naming_a_claim_that_protected_nothing_is_a_violation() -> None:
+    events = fs.refusal_of(7)
+    for e in events:
+        if e["event"] == "request_refused":
+            e["blocking_claim_ids"] = ["claim:doc", "claim:idle"]
+    # claim:idle is unknown (refusal_names_unknown_claim); claim:doc protected blocks: no
+    # refusal_names_claim_holding_no_blocks for it
+    assert "refusal_names_claim_holding_no_blocks" not in kinds(events)
+
+
+def test_the_refusals_figures_are_rebuilt_every_one_compared() -> None:
+    t = vs.reconstruct_events(fs.refusal_of(2))
+    rows = t.con.sql("SELECT detail FROM findings WHERE kind = 'feasibility_figure_mismatch'"
+                     ).fetchall()
+    assert any("shortfall rebuilt from the trace 0, the runtime reported 1" in d
+               for (d,) in rows)
+    (short, runtime), = t.con.sql("SELECT shortfall_blocks, runtime_shortfall_blocks "
+                                  "FROM requests WHERE request_id = 'x'").fetchall()
+    assert (short, runtime) == (0, 1)
+
+
+# -- non-enforcing policies: expected differences are info ---------------------------------------
+
+def test_a_disagreement_under_a_policy_that_enforces_nothing_is_info() -> None:
+    events = shapes.capacity_probe("native-claim", claim_mode="hard_protected")
+    assert kinds(events)["feasibility_disagreement"] == "info"
+    assert judge(events)["L7"] != "fail"
+
+
+def test_a_disagreement_under_an_enforcing_policy_is_a_disagreement() -> None:
+    assert kinds(fs.live_pressure(running=True))["feasibility_disagreement"] == "disagreement"
+
+
+# -- chunking does not bound live KV -------------------------------------------------------------
+
+def test_a_chunked_request_judged_on_one_chunk_fails_l_chunking() -> None:
+    events = fs.chunked_prefill(counted_blocks=2)
+    assert judge(events)["L_chunking"] == "fail"
+    assert "chunk_counted_as_need" in kinds(events)
+
+
+def test_a_chunked_request_judged_on_its_full_prompt_passes_l_chunking() -> None:
+    events = fs.chunked_prefill(counted_blocks=6)
+    assert feas(events, "c")[2] == 6
+    assert judge(events)["L_chunking"] == "pass"
+
+
+def test_l_chunking_is_not_exercised_without_chunked_prefill() -> None:
+    assert judge(fs.live_pressure(running=False))["L_chunking"] == "not_exercised"
+
+
+# -- no vacuous pass -----------------------------------------------------------------------------
+
+def test_inv_no_protected_loss_is_not_exercised_in_a_run_with_no_loss() -> None:
+    assert judge(shapes.capacity_probe("hard", policy="hard_protected",
+                                       claim_mode="hard_protected"))[
+        "INV_no_protected_loss"] == "not_exercised"
+
+
+def test_inv_no_protected_loss_passes_on_a_loss_beside_a_kept_hard_claim() -> None:
+    assert judge(fs.hard_loss(claims_block=False))["INV_no_protected_loss"] == "pass"
+
+
+def test_inv_release_precedes_loss_is_not_exercised_when_the_released_claim_lost_nothing() -> None:
+    assert judge(vs.demoted_without_loss())["INV_release_precedes_loss"] == "not_exercised"
+
+
+def test_inv_release_precedes_loss_passes_when_the_released_claim_lost_content() -> None:
+    assert judge(vs.demoted_beside_released())["INV_release_precedes_loss"] == "pass"
+
+
+def test_inv_feasible_admission_is_not_exercised_with_nothing_protected() -> None:
+    assert judge(fs.no_claim_admissions())["INV_feasible_admission"] == "not_exercised"
+
+
+def test_l7_is_not_exercised_by_finished_requests_with_nothing_cached() -> None:
+    assert judge(fs.no_claim_admissions())["L7"] == "not_exercised"
+
+
+def test_l7_is_exercised_by_a_finished_request_with_cached_tokens() -> None:
+    assert judge(vs.full_prompt_hit(reported_blocks=3))["L7"] == "pass"
+
+
+def test_a_materialized_report_of_an_unaccepted_claim_fails_l6() -> None:
+    events = fs.hard_loss(claims_block=False)
+    i = next(i for i, e in enumerate(events) if e["event"] == "request_finished")
+    events.insert(i, {**events[i], "event": "claim_materialized", "claim_id": "claim:ghost"})
+    for k in ("request_id", "finish_reason", "num_cached_tokens", "num_output_tokens"):
+        events[i].pop(k, None)
+    assert judge(events)["L6"] == "fail"
+
+
+def test_a_materialized_report_of_an_accepted_resident_claim_passes_l6() -> None:
+    events = fs.hard_loss(claims_block=False)
+    i = next(i for i, e in enumerate(events) if e["event"] == "request_finished")
+    events.insert(i, {**events[i], "event": "claim_materialized", "claim_id": fs.CLAIM})
+    for k in ("request_id", "finish_reason", "num_cached_tokens", "num_output_tokens"):
+        events[i].pop(k, None)
+    assert judge(events)["L6"] == "pass"
+
+
+# -- one check table -----------------------------------------------------------------------------
+
+def test_the_docs_check_table_is_the_generated_one() -> None:
+    assert checks_markdown() in (DOCS / "conformance.md").read_text(encoding="utf-8")
+
+
+def test_the_docs_lowering_table_is_the_generated_one() -> None:
+    assert lowering_markdown() in (DOCS / "conformance.md").read_text(encoding="utf-8")
+
+
+def test_the_conformance_table_has_one_row_per_check_of_the_python_table() -> None:
+    t = vs.reconstruct_events(vs.demoted_without_loss())
+    rows = t.con.sql('SELECT "check", title, needs FROM conformance').fetchall()
+    assert rows == [(c.name, c.title, c.needs) for c in sorted(CHECKS, key=lambda c: c.ord)]
+
+
+def test_no_doc_mentions_the_retired_not_applicable_verdict() -> None:
+    for name in ("conformance.md", "reconstruction.md", "design.md"):
+        assert "not_applicable" not in (DOCS / name).read_text(encoding="utf-8"), name
