@@ -38,6 +38,29 @@ def refusal_of(need: int) -> Events:
     return b.finish()
 
 
+def refusal_naming_idle(*, name_idle: bool) -> Events:
+    """Under hard_protected at 8 usable blocks, a 2-block claim is resident and a second hard
+    claim (``claim:idle``, materialized) lost both its blocks; a 7-block request is refused
+    (2 + 7 > 8). ``name_idle``: the refusal also names ``claim:idle``, in force but holding no
+    block there; the twin names only the claim whose blocks were needed."""
+    b = TraceBuilder("refusal-idle", policy="hard_protected", usable=8)
+    _resident_claim(b, 2)
+    idle = _cache(b, "q", 2, first_block=3, claim="claim:idle", mode="hard_protected")
+    for i in reversed(range(2)):
+        b.emit("block_freed", block_id=3 + i, request_id="q")
+    for i in range(2):
+        b.emit("block_evicted", block_id=3 + i, block_hash=idle[i], cause="allocation",
+               by_request_id="t")
+    b.emit("request_arrived", request_id="x", tenant="tenant-b", num_prompt_tokens=7 * 16)
+    b.emit("request_refused", request_id="x", blocks_required=7, free_blocks=6,
+           protected_blocks=2, usable_blocks=8,
+           blocking_claim_ids=[CLAIM, "claim:idle"] if name_idle else [CLAIM],
+           shortfall_blocks=1, reason="protected_resident_capacity")
+    b.emit("request_finished", request_id="x", finish_reason="error", num_cached_tokens=0,
+           num_output_tokens=0)
+    return b.finish()
+
+
 def live_pressure(*, running: bool) -> Events:
     """Under hard_protected at 8 usable blocks: a 4-block claim is resident, request ``run``
     holds 3 blocks, and request ``new`` (3 blocks) is admitted: the runtime counts 4 + 3 <= 8,

@@ -27,7 +27,7 @@ def feas(events: vs.Events, request: str) -> tuple:
     t = vs.reconstruct_events(events)
     return t.con.sql("SELECT protected_blocks, live_blocks, required_blocks, feasible, "
                      "runtime_feasible FROM feasibility WHERE request_id = $q "
-                     "ORDER BY seq DESC LIMIT 1", params={"q": request}).fetchone()
+                     "ORDER BY seq DESC LIMIT 1", params={"q": request}).fetchall()[0]
 
 
 # -- the inequality: protected + active live <= usable -------------------------------------------
@@ -64,13 +64,15 @@ def test_a_refusal_of_a_request_that_did_not_fit_passes() -> None:
 
 
 def test_a_refusal_naming_a_claim_that_protected_nothing_is_a_violation() -> None:
-    events = fs.refusal_of(7)
-    for e in events:
-        if e["event"] == "request_refused":
-            e["blocking_claim_ids"] = ["claim:doc", "claim:idle"]
-    # claim:idle is unknown (refusal_names_unknown_claim); claim:doc protected blocks: no
-    # refusal_names_claim_holding_no_blocks for it
+    events = fs.refusal_naming_idle(name_idle=True)
+    assert kinds(events)["refusal_names_claim_holding_no_blocks"] == "violation"
+    assert judge(events)["INV_refusal_names_protected_claim"] == "fail"
+
+
+def test_a_refusal_naming_only_the_claims_whose_blocks_were_needed_is_no_violation() -> None:
+    events = fs.refusal_naming_idle(name_idle=False)
     assert "refusal_names_claim_holding_no_blocks" not in kinds(events)
+    assert judge(events)["INV_refusal_names_protected_claim"] == "pass"
 
 
 def test_the_refusals_figures_are_rebuilt_every_one_compared() -> None:
