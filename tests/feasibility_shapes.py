@@ -86,6 +86,30 @@ def live_pressure(*, running: bool) -> Events:
     return b.finish()
 
 
+def hit_while_running(*, on_claim: bool) -> Events:
+    """Under hard_protected at 8 usable blocks: a 2-block claim (blocks 1-2) and two unclaimed
+    cached blocks (3-4); request ``h`` hits two of them and allocates block 5, still running
+    when request ``new`` is admitted. ``on_claim``: it hits the claim's blocks, which count as
+    protected, not again as live (live 1); the twin hits the unclaimed ones (live 3)."""
+    b = TraceBuilder("hit-running", policy="hard_protected", usable=8)
+    claimed = _resident_claim(b, 2)
+    other = _cache(b, "s", 2, first_block=3)
+    for i in reversed(range(2)):
+        b.emit("block_freed", block_id=3 + i, request_id="s")
+    b.emit("request_arrived", request_id="h", tenant="tenant-a", num_prompt_tokens=3 * 16)
+    b.emit("request_admitted", request_id="h", blocks_required=1, free_blocks=4,
+           protected_blocks=2, usable_blocks=8)
+    hit_block, hashes = (1, claimed) if on_claim else (3, other)
+    for i in range(2):
+        b.emit("block_hit", block_id=hit_block + i, block_hash=hashes[i], request_id="h")
+    b.emit("block_allocated", block_id=5, request_id="h")
+    b.emit("request_arrived", request_id="new", tenant="tenant-b", num_prompt_tokens=16)
+    b.emit("request_admitted", request_id="new", blocks_required=1, free_blocks=3,
+           protected_blocks=2, usable_blocks=8)
+    b.emit("block_allocated", block_id=6, request_id="new")
+    return b.finish()
+
+
 def chunked_prefill(*, counted_blocks: int) -> Events:
     """A 6-block prompt admitted once and allocated 2 blocks per scheduler step over 3 steps
     (chunked prefill). The runtime counts ``counted_blocks`` at the admission: 6 is the full

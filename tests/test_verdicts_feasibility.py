@@ -49,6 +49,14 @@ def test_an_admission_feasible_with_live_kv_counted_passes() -> None:
     assert judge(fs.live_pressure(running=False))["INV_feasible_admission"] == "pass"
 
 
+def test_a_running_requests_hit_on_a_claims_block_is_protected_not_also_live() -> None:
+    assert feas(fs.hit_while_running(on_claim=True), "new")[:3] == (2, 1, 1)
+
+
+def test_a_running_requests_hit_on_unclaimed_blocks_is_live() -> None:
+    assert feas(fs.hit_while_running(on_claim=False), "new")[:3] == (2, 3, 1)
+
+
 # -- a refusal is justified only if rebuilt infeasible -----------------------------------------
 
 def test_a_refusal_of_a_request_that_fit_fails_l3_and_the_refusal_invariant() -> None:

@@ -13,6 +13,7 @@
 -- kv_copies (copy overwritten without an eviction): run_id, block_id, block_hash, start_seq,
 --   end_seq, end_kind ('overwritten')
 -- kv_admission_state (admission decision or preemption): run_id, seq, request_id,
---   protected_blocks, protected_claim_seqs, cached_blocks, evictable_blocks, held_blocks
+--   protected_blocks, protected_claim_seqs, cached_blocks, evictable_blocks, held_blocks,
+--   live_blocks (held, not protected: the active live KV of seed 000)
 --
 -- NOTE: this file holds no statement; core.run_stages calls kvclaims.reconstruct.labels.build here.
