@@ -247,9 +247,9 @@ WITH f AS (
     -- feasibility rebuilt from the block timeline vs the runtime's own figures (issue 24
     -- item 3) -- self-contained block: every figure that differs is a finding, both side by
     -- side. NOTE: under a policy that enforces no claim (native, write_no_admit) the runtime
-    -- protects nothing, so a different protected figure, shortfall, blocker list or verdict is
-    -- the expected consequence of the policy: severity info, not disagreement. The required
-    -- figure is the runtime's count of the request's blocks under every policy.
+    -- protects nothing, so a different protected figure, required figure (it takes no hit on
+    -- protected content off), shortfall, blocker list or verdict is the expected consequence
+    -- of the policy: severity info, not disagreement.
     SELECT f.run_id, 'feasibility_disagreement',
            CASE WHEN r.enforcing THEN 'disagreement' ELSE 'info' END, f.seq, [f.seq], NULL,
            NULL, f.request_id, NULL,
@@ -266,13 +266,11 @@ WITH f AS (
     WHERE f.agrees = false AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
     UNION ALL
     SELECT x.run_id, 'feasibility_figure_mismatch',
-           CASE WHEN x.figure <> 'required' AND NOT x.enforcing THEN 'info'
-                ELSE 'disagreement' END, x.seq, [x.seq], NULL, NULL, x.request_id, NULL,
+           CASE WHEN x.enforcing THEN 'disagreement' ELSE 'info' END, x.seq, [x.seq], NULL, NULL, x.request_id, NULL,
            format('{} of request {} at seq {}: {} rebuilt from the trace {}, the runtime '
                   'reported {}{}', x.event, x.request_id, x.seq, x.figure, x.rebuilt, x.reported,
-                  CASE WHEN x.figure <> 'required' AND NOT x.enforcing
-                       THEN format(' (policy {} enforces no claim: expected)', x.policy)
-                       ELSE '' END)
+                  CASE WHEN x.enforcing THEN ''
+                       ELSE format(' (policy {} enforces no claim: expected)', x.policy) END)
     FROM (SELECT f.run_id, f.seq, f.event, f.request_id, f.enforcing, f.policy, t.figure,
                  t.rebuilt, t.reported
           FROM feasibility f
