@@ -180,12 +180,15 @@ WITH prompt AS (
            -- hit on an unprotected cached block makes that block this request's live KV
            -- NOTE: with steps, an admission's own step shows what it took: more than its prompt
            -- when it resumes after a preemption (vLLM recomputes prompt and output so far)
+           -- NOTE: DuckDB's greatest skips NULLs: the NULL tests keep a missing figure NULL
            CASE WHEN d.event = 'request_preempted' THEN 0 ELSE coalesce(
-               greatest(0, greatest(ceil(p.num_prompt_tokens / NULLIF(r.block_size, 0))::BIGINT,
+               CASE WHEN p.num_prompt_tokens IS NOT NULL AND r.block_size > 0 THEN
+               greatest(0, greatest(ceil(p.num_prompt_tokens / r.block_size)::BIGINT,
                                     CASE WHEN d.step IS NOT NULL
                                          THEN coalesce(a.allocated, 0) + a.hits END)
                            - coalesce(a.prot_hits,
-                                      CASE WHEN a.adm_seq IS NULL THEN l.prot_hits END, 0)),
+                                      CASE WHEN a.adm_seq IS NULL THEN l.prot_hits END, 0))
+               END,
                a.allocated + a.hits - a.prot_hits,
                CASE WHEN a.adm_seq IS NULL THEN l.allocated + l.hits - l.prot_hits END) END
                AS required_blocks,
@@ -221,7 +224,8 @@ SELECT run_id, seq, ts_ns, step, request_id, event, replace(event, 'request_', '
        -- rebuilt from the block timeline
        protected_blocks, live_blocks, required_blocks, active_live_blocks, demand_blocks,
        demand_blocks <= usable_blocks AS feasible,
-       greatest(0, demand_blocks - usable_blocks) AS shortfall_blocks,
+       CASE WHEN demand_blocks IS NOT NULL AND usable_blocks IS NOT NULL
+            THEN greatest(0, demand_blocks - usable_blocks) END AS shortfall_blocks,
        protected_claim_seqs, protected_claim_ids,
        -- what the runtime reported at the decision
        runtime_protected_blocks, runtime_required_blocks, runtime_shortfall_blocks,

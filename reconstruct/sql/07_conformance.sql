@@ -206,6 +206,14 @@ WITH fk AS (
     FROM feasibility f
     JOIN chunked ch ON ch.run_id = f.run_id AND ch.request_id = f.request_id
     WHERE f.event = 'request_admitted'
+), unrebuilt AS (
+    -- deferrals and refusals whose feasibility the trace cannot rebuild (no prompt size, no
+    -- allocation: the need is unknown); the checks that judge them are unknown, never a
+    -- verdict taken from the runtime's figures -- self-contained block
+    SELECT run_id, list(seq ORDER BY seq) AS seqs
+    FROM feasibility
+    WHERE event IN ('request_deferred', 'request_refused') AND feasible IS NULL
+    GROUP BY run_id
 ), last_enforcement AS (
     -- the last event of each run that bears on enforcement: after a hook failure, a check
     -- that needs in-engine evidence cannot pass if any of these follow it (block_evicted:
@@ -484,7 +492,7 @@ WITH fk AS (
     JOIN kv_runs r ON r.run_id = raw.run_id
     LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
 ), decided AS (
-    SELECT j.*,
+    SELECT j.*, ub.seqs AS unrebuilt_seqs,
            format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
                   coalesce(j.hook_failed_hook, '?'), j.hook_failed_seq,
                   coalesce(j.hook_failed_error, 'unknown error')) AS hook_note,
@@ -500,10 +508,13 @@ WITH fk AS (
                     AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
                          OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
+               WHEN j.check_name IN ('L3', 'INV_refusal_names_protected_claim', 'L_feasibility')
+                    AND ub.seqs IS NOT NULL THEN 'unrebuilt'
                WHEN NOT j.exercised THEN 'not_exercised'
                ELSE 'pass'
            END AS why
     FROM judged j
+    LEFT JOIN unrebuilt ub ON ub.run_id = j.run_id
 ), evidence_claim_seqs AS (
     -- the claim instances each verdict's evidence is about, one row each
     -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
@@ -524,10 +535,12 @@ SELECT
     d.run_id, d.check_name AS "check", d.title,
     CASE d.why WHEN 'observed' THEN 'not_exercised' WHEN 'fail' THEN 'fail'
                WHEN 'fail_after_hook' THEN 'unknown' WHEN 'hole' THEN 'unknown'
-               WHEN 'after_hook' THEN 'unknown' WHEN 'not_exercised' THEN 'not_exercised'
+               WHEN 'after_hook' THEN 'unknown' WHEN 'unrebuilt' THEN 'unknown'
+               WHEN 'not_exercised' THEN 'not_exercised'
                ELSE 'pass' END AS verdict,
     CASE WHEN d.why IN ('fail', 'fail_after_hook') THEN d.all_fail_seqs
          WHEN d.why = 'after_hook' THEN [d.hook_failed_seq]
+         WHEN d.why = 'unrebuilt' THEN d.unrebuilt_seqs
          WHEN d.why IN ('observed', 'not_exercised') THEN []::BIGINT[]
          ELSE coalesce(d.pass_seqs, []::BIGINT[])
     END AS evidence_seqs,
@@ -547,6 +560,10 @@ SELECT
                                    || 'from seq ' END
                          || coalesce(d.unknown_from_seq::VARCHAR, 'its truncation')
         WHEN 'after_hook' THEN d.hook_note || '; evidence this check judges lies after it'
+        WHEN 'unrebuilt' THEN 'the trace does not show the need of the request(s) deferred or '
+                              || 'refused at the evidence seqs (no prompt size, no allocation): '
+                              || 'their feasibility cannot be rebuilt, and the runtime''s '
+                              || 'figures are not evidence'
         WHEN 'not_exercised' THEN 'not exercised: needs ' || d.needs
         ELSE coalesce(d.pass_detail, 'no violation')
              || CASE WHEN d.hook_failed_seq IS NOT NULL
