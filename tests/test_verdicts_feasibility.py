@@ -193,3 +193,29 @@ def test_the_conformance_table_has_one_row_per_check_of_the_python_table() -> No
 def test_no_doc_mentions_the_retired_not_applicable_verdict() -> None:
     for name in ("conformance.md", "reconstruction.md", "design.md"):
         assert "not_applicable" not in (DOCS / name).read_text(encoding="utf-8"), name
+
+
+# -- preemption figures are rebuilt, not copied ------------------------------------------------
+
+def _preempted_reporting(protected: int) -> vs.Events:
+    events = vs.preempted_by_pinned()
+    for e in events:
+        if e["event"] == "request_preempted":
+            e["protected_blocks"] = protected
+    return events
+
+
+def test_a_preemptions_protected_figure_that_disagrees_is_a_finding_and_rebuilt() -> None:
+    events = _preempted_reporting(0)
+    t = vs.reconstruct_events(events)
+    rows = t.con.sql("SELECT detail FROM findings WHERE kind = 'feasibility_figure_mismatch' "
+                     "AND detail LIKE 'request_preempted%'").fetchall()
+    assert len(rows) == 1 and "protected blocks rebuilt from the trace 6" in rows[0][0]
+    assert t.con.sql("SELECT preempted_protected_blocks, runtime_preempted_protected_blocks "
+                     "FROM requests WHERE request_id = 'grow'").fetchall() == [(6, 0)]
+
+
+def test_a_preemptions_protected_figure_that_agrees_is_no_finding() -> None:
+    t = vs.reconstruct_events(_preempted_reporting(6))
+    assert t.con.sql("SELECT count(*) FROM findings WHERE kind = 'feasibility_figure_mismatch' "
+                     "AND detail LIKE 'request_preempted%'").fetchall() == [(0,)]
