@@ -896,7 +896,7 @@ def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
 
 
 def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
-    """The ``conformance`` table: per run and check (L1-L7, then the invariants) its title,
+    """The ``conformance`` table: per run and check (in the order of the check table) its title,
     verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text, the
     detail and what would exercise it (``needs``); runs in natural order."""
     df = _audit(source).conformance
@@ -920,7 +920,7 @@ def verdict_counts(source: Source) -> dict[str, int]:
 
 
 def conformance_matrix(source: Source) -> pd.DataFrame:
-    """Verdicts as a matrix: one row per run, one column per check (L1-L7, invariants)."""
+    """Verdicts as a matrix: one row per run, one column per check (the check table's order)."""
     df = conformance(source)
     wide = df.pivot(index="run_id", columns="check", values="verdict")
     cols = [c for c in CHECKS if c in wide.columns] + [c for c in wide.columns
