@@ -11,8 +11,10 @@
 --   5. the check judges enforcement, was exercised, and some of its
 --      evidence, or any enforcement event of the run, lies after the first
 --      hook_failed                                                             -> unknown
---   6. the situation the check needs did not occur                              -> not_exercised
---   7. otherwise                                                                -> pass
+--   6. L3 / INV_refusal_names_protected_claim / L_feasibility: a deferral or
+--      refusal whose feasibility the trace cannot rebuild (need unknown)        -> unknown
+--   7. the situation the check needs did not occur                              -> not_exercised
+--   8. otherwise                                                                -> pass
 -- NOTE: not_exercised is never a pass: a check passes only where its situation occurred.
 -- NOTE: events come from kv_stage_events (05_feasibility: the non-block events, scanned once);
 -- block evictions from `losses` (one row per block_evicted); block_cached only for L2.
