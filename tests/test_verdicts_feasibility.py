@@ -4,8 +4,12 @@ check table. Each rule with its negative twin."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import kvclaims
+
+from kvclaims.explaining import explain
 from kvclaims.generators import shapes
 from kvclaims.reconstruct.checks import CHECKS, checks_markdown, lowering_markdown
 from tests import feasibility_shapes as fs
@@ -219,3 +223,25 @@ def test_a_preemptions_protected_figure_that_agrees_is_no_finding() -> None:
     t = vs.reconstruct_events(_preempted_reporting(6))
     assert t.con.sql("SELECT count(*) FROM findings WHERE kind = 'feasibility_figure_mismatch' "
                      "AND detail LIKE 'request_preempted%'").fetchall() == [(0,)]
+
+
+# -- explain shows the rebuilt figures ---------------------------------------------------------
+
+def _explain_refusal(tmp_path: Path, need: int) -> str:
+    trace = tmp_path / "refusal.jsonl"
+    trace.write_text("".join(json.dumps(e) + "\n" for e in fs.refusal_of(need)),
+                     encoding="utf-8")
+    with kvclaims.open([trace]) as audit:
+        return explain(audit, "tenant-b", request="x").to_text()
+
+
+def test_explain_tells_a_refusal_with_the_rebuilt_shortfall_not_the_runtimes(
+        tmp_path: Path) -> None:
+    # the runtime reported shortfall 1; the trace shows 2 protected + 2 needed <= 8: 0
+    text = _explain_refusal(tmp_path, 2)
+    assert "you needed 2" in text and "shortfall 0" in text and "shortfall 1" not in text
+
+
+def test_explain_tells_a_justified_refusal_with_its_shortfall(tmp_path: Path) -> None:
+    text = _explain_refusal(tmp_path, 7)
+    assert "you needed 7" in text and "shortfall 1" in text
