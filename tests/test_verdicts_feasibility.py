@@ -245,3 +245,27 @@ def test_explain_tells_a_refusal_with_the_rebuilt_shortfall_not_the_runtimes(
 def test_explain_tells_a_justified_refusal_with_its_shortfall(tmp_path: Path) -> None:
     text = _explain_refusal(tmp_path, 7)
     assert "you needed 7" in text and "shortfall 1" in text
+
+
+# -- the report shows the rebuilt figures and the derived lowering ---------------------------------
+
+def _report(tmp_path: Path, events: vs.Events) -> str:
+    from kvclaims.dashboard import data
+    from kvclaims.dashboard.report import build_report
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+    return build_report(data.load_audit([trace]))
+
+
+def test_the_report_lists_a_refusal_with_rebuilt_and_runtime_figures(tmp_path: Path) -> None:
+    page = _report(tmp_path, fs.refusal_of(2))
+    section = page.split("<h2>Capacity decisions</h2>")[1].split("<h2>")[0]
+    assert "live_blocks" in section and "runtime_shortfall_blocks" in section
+    assert "refused" in section
+
+
+def test_the_report_has_no_capacity_rows_without_a_notable_decision(tmp_path: Path) -> None:
+    page = _report(tmp_path, fs.live_pressure(running=False))
+    section = page.split("<h2>Capacity decisions</h2>")[1].split("<h2>")[0]
+    assert "No deferral, refusal, preemption or infeasible admission" in section
