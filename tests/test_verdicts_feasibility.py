@@ -269,3 +269,9 @@ def test_the_report_has_no_capacity_rows_without_a_notable_decision(tmp_path: Pa
     page = _report(tmp_path, fs.live_pressure(running=False))
     section = page.split("<h2>Capacity decisions</h2>")[1].split("<h2>")[0]
     assert "No deferral, refusal, preemption or infeasible admission" in section
+
+
+def test_the_listeners_not_exercised_list_is_the_checks_needing_the_engine() -> None:
+    from kvclaims.recorder.kv_events import NOT_EXERCISED
+
+    assert set(NOT_EXERCISED) == {c.name for c in CHECKS if c.needs_engine}
