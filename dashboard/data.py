@@ -29,14 +29,13 @@ from typing import Any, Final, TypeAlias
 
 import pandas as pd
 
-from kvclaims.contract.schema import InputError
-from kvclaims.reconstruct.loader import open_runs
 import kvclaims
 from kvclaims.contract.policies import POLICIES
+from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import CHECK_VERDICTS, LABELS, PINNING_MODES
-from kvclaims.explaining import tenants_by_harm
-from kvclaims.explaining import explain
-from kvclaims.explaining import _promise_lines
+from kvclaims.explaining import _promise_lines, explain, tenants_by_harm
+from kvclaims.reconstruct.checks import CHECKS as _CHECK_TABLE
+from kvclaims.reconstruct.loader import open_runs
 
 PathLike: TypeAlias = "str | Path"
 
@@ -51,11 +50,9 @@ NOT_RUN_FOLDERS: Final[frozenset[str]] = frozenset({"arbiter-prototype"})
 LABEL_COLORS: Final[dict[str, str]] = {
     "harm": "#D55E00", "unknown": "#000000", "expiry": "#56B4E9", "relaxation": "#0072B2",
     "eviction": "#BBBBBB"}
-#: The L1-L7 checks, then the invariants, in the order the conformance page lists them.
-CHECKS: Final[tuple[str, ...]] = (
-    "L1", "L2", "L3", "L4", "L5", "L6", "L7", "INV_no_harm_without_acceptance",
-    "INV_release_precedes_loss", "INV_refusal_names_protected_claim", "INV_no_protected_loss",
-    "INV_feasible_admission")
+#: The checks in the order the conformance page lists them: the one table of
+#: ``kvclaims.reconstruct.checks.CHECKS``.
+CHECKS: Final[tuple[str, ...]] = tuple(c.name for c in sorted(_CHECK_TABLE, key=lambda c: c.ord))
 #: Claim events shown on a claim's timeline (``claim_bound`` is shown as a count instead).
 LIFECYCLE_EVENTS: Final[tuple[str, ...]] = (
     "claim_submitted", "claim_accepted", "claim_rejected", "claim_materialized",
@@ -608,8 +605,8 @@ def harm_evictors(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
     feas = a.tables["feasibility"]
     feas = feas[(feas["run_id"] == run_id) & (feas["decision"] == "admitted")]
     feas = feas.drop_duplicates("request_id", keep="last")[
-        ["request_id", "seq", "required_blocks", "protected_blocks", "usable_blocks",
-         "free_blocks", "feasible", "policy", "enforcing"]].rename(columns={"seq": "admitted_seq"})
+        ["request_id", "seq", "required_blocks", "live_blocks", "protected_blocks",
+         "usable_blocks", "free_blocks", "feasible", "policy", "enforcing"]].rename(columns={"seq": "admitted_seq"})
     out = by.merge(req, on="request_id", how="left").merge(feas, on="request_id", how="left")
     out["why"] = [_why_admitted(r) for r in out.itertuples(index=False)]
     out = out.sort_values(["harm_blocks", "first_seq"], ascending=[False, True])
@@ -628,14 +625,17 @@ def _why_admitted(r: Any) -> str:
         return (f"admitted at seq {int(r.admitted_seq)}; the trace lacks the figures to say "
                 "whether it fit (unknown)")
     need, prot, usable = int(r.required_blocks), int(r.protected_blocks), int(r.usable_blocks)
-    fits = "fits" if need + prot <= usable else "does not fit"
+    live = 0 if _na(getattr(r, "live_blocks", None)) else int(r.live_blocks)
+    # NOTE: the seed's inequality: protected + live (other running requests) + need <= usable
+    fits = "fits" if prot + live + need <= usable else "does not fit"
     if not bool(r.enforcing):
         return (f"admitted at seq {int(r.admitted_seq)}: policy {r.policy} does not enforce "
                 f"claims, so nothing protected the claim; it needed {need} blocks while "
-                f"{prot} were claimed, of {usable} usable ({prot} + {need} {fits} in "
-                f"{usable}).")
-    return (f"admitted at seq {int(r.admitted_seq)} under {r.policy}: {need} needed + {prot} "
-            f"protected {fits} in {usable} usable; the claim's mode did not pin its blocks.")
+                f"{prot} were claimed and {live} held by other running requests, of {usable} "
+                f"usable ({prot} + {live} + {need} {fits} in {usable}).")
+    return (f"admitted at seq {int(r.admitted_seq)} under {r.policy}: {prot} protected + "
+            f"{live} live + {need} needed {fits} in {usable} usable; the claim's mode did not "
+            "pin its blocks.")
 
 
 # -- Timeline (block level) ------------------------------------------------------------------------
@@ -888,7 +888,7 @@ def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
 
 
 def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
-    """The ``conformance`` table: per run and check (L1-L7, then the invariants) its title,
+    """The ``conformance`` table: per run and check (in the order of the check table) its title,
     verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text, the
     detail and what would exercise it (``needs``); runs in natural order."""
     df = _audit(source).conformance
@@ -912,7 +912,7 @@ def verdict_counts(source: Source) -> dict[str, int]:
 
 
 def conformance_matrix(source: Source) -> pd.DataFrame:
-    """Verdicts as a matrix: one row per run, one column per check (L1-L7, invariants)."""
+    """Verdicts as a matrix: one row per run, one column per check (the check table's order)."""
     df = conformance(source)
     wide = df.pivot(index="run_id", columns="check", values="verdict")
     cols = [c for c in CHECKS if c in wide.columns] + [c for c in wide.columns
@@ -923,10 +923,24 @@ def conformance_matrix(source: Source) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def capacity_decisions(source: Source) -> pd.DataFrame:
+    """The ``feasibility`` rows worth a reader's eye: every deferral, refusal and preemption,
+    and every admission that was infeasible or where the runtime's verdict differs; the rebuilt
+    figures first, the runtime's beside them."""
+    df = _audit(source).tables["feasibility"]
+    keep = (df["decision"] != "admitted") | (df["feasible"] == False) | (  # noqa: E712
+        df["agrees"] == False)  # noqa: E712
+    cols = ["run_id", "seq", "decision", "request_id", "protected_blocks", "live_blocks",
+            "required_blocks", "usable_blocks", "feasible", "shortfall_blocks",
+            "runtime_protected_blocks", "runtime_required_blocks", "runtime_shortfall_blocks",
+            "runtime_feasible"]
+    return df[keep][[c for c in cols if c in df.columns]].reset_index(drop=True)
+
+
 def lowering(source: Source, run_id: str | None = None) -> pd.DataFrame:
-    """The ``lowering`` table: per run and protection mode, whether the runtime could honour
-    the mode (enforced | approximated | recorded only | ...), the evidence and its source;
-    runs in natural order."""
+    """The ``lowering`` table: per run and protection mode, the class the run's evidence
+    supports (seed 004's classes, fail-closed), the evidence, and what the manifest declared
+    beside it; runs in natural order."""
     df = _audit(source).tables["lowering"]
     if run_id is not None:
         df = df[df["run_id"] == run_id]

@@ -186,6 +186,17 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
     found = data.findings(audit)
     out.append(table_html(found) if len(found) else
                "<p>No findings: no hole, disagreement, violation or anomaly.</p>")
+    out.append("<h2>Capacity decisions</h2>")
+    decisions = data.capacity_decisions(audit)
+    out.append("<p>Rebuilt from the block timeline: protected + live (other running requests) "
+               "+ required (the request's own need) against usable; the runtime's own figures "
+               "beside them.</p>")
+    out.append(table_html(decisions) if len(decisions) else
+               "<p>No deferral, refusal, preemption or infeasible admission.</p>")
+    out.append("<h2>Lowering</h2>")
+    low = data.lowering(audit)
+    out.append(table_html(low[[c for c in ("run_id", "mode", "verdict", "declared", "evidence")
+                               if c in low.columns]]))
     out.append("<h2>Conformance</h2>")
     counts = data.verdict_counts(audit)
     out.append("<p>" + ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in counts.items())

@@ -501,7 +501,7 @@ class _Facts:
         if request_id is None:
             return None
         rows = self.con.execute("""
-            SELECT blocks_required, usable_blocks, protected_blocks, free_blocks
+            SELECT required_blocks, usable_blocks, protected_blocks, free_blocks
             FROM feasibility WHERE run_id = $r AND request_id = $q AND decision = 'admitted'
             ORDER BY seq > $s, abs(seq - $s) LIMIT 1""",
             {"r": run_id, "q": request_id, "s": seq}).fetchall()
@@ -524,7 +524,7 @@ class _Facts:
     def claim_prevention(self, c: dict[str, Any], lowering: dict[str, Any]) -> list[str]:
         mode, outcome = c.get("protection_mode"), c["outcome"]
         if outcome == "harmed":
-            if lowering.get("verdict") != "enforced":
+            if lowering.get("verdict") != "adapter-policy evidence":
                 return [f"Your mode ({mode}) was not enforced in this run "
                         f"({lowering.get('evidence')}). Under hard_protected in an enforcing "
                         "run, the blocks would have stayed and the other request would have "
@@ -568,7 +568,7 @@ class _Facts:
                     instance_seq=q.get("arrived_seq"), outcome=q["outcome"],
                     title=f"Request {q['request_id']} in run {q['run_id']}: {q['outcome']}")
         rows = self.con.execute("""
-            SELECT seq, ts, decision, blocks_required, protected_blocks, usable_blocks,
+            SELECT seq, ts, decision, required_blocks, protected_blocks, usable_blocks,
                    shortfall_blocks,
                    count(*) FILTER (WHERE blocking_tenant = $t) AS mine,
                    count(*) FILTER (WHERE blocking_claim_id IS NOT NULL
@@ -579,12 +579,15 @@ class _Facts:
             GROUP BY ALL ORDER BY seq""",
             {"t": self.tenant, "r": q["run_id"], "q": q["request_id"]}).fetchall()
         events = self.con.execute("""
-            SELECT seq, ts, event, free_blocks, protected_blocks, usable_blocks,
-                   blocking_claim_ids
-            FROM events WHERE run_id = ? AND request_id = ?
-              AND event IN ('request_arrived', 'request_admitted', 'request_preempted',
-                            'request_finished')
-            ORDER BY seq""", [q["run_id"], q["request_id"]]).fetchall()
+            SELECT e.seq, e.ts, e.event, e.free_blocks, f.protected_blocks, e.usable_blocks,
+                   e.blocking_claim_ids
+            FROM events e
+            -- NOTE: the protected figure is the rebuilt one (feasibility), never the runtime's
+            LEFT JOIN feasibility f ON f.run_id = e.run_id AND f.seq = e.seq
+            WHERE e.run_id = ? AND e.request_id = ?
+              AND e.event IN ('request_arrived', 'request_admitted', 'request_preempted',
+                              'request_finished')
+            ORDER BY e.seq""", [q["run_id"], q["request_id"]]).fetchall()
         timeline: list[Moment] = []
         for seq, ts, ev, free, prot, usable, blocking in events:
             text = {"request_arrived": "the request arrived",
@@ -651,18 +654,19 @@ def derive_lowering(policy: str | None, mode: str | None,
     p = POLICIES.get(policy or "")
     enforce = p.enforce if p is not None else (policy in PROTOTYPE_ENFORCING or None)
     if enforce is None:
-        return {"verdict": "unknown", "evidence": f"run policy {policy!r} is unknown; {note}",
-                "source": "derived"}
+        return {"verdict": "unknown evidence", "evidence": f"run policy {policy!r} is unknown; "
+                f"{note}", "source": "derived"}
     if not enforce:
-        return {"verdict": "recorded only", "evidence": f"run policy {policy} records claims "
-                f"and enforces none; {note}", "source": "derived"}
+        return {"verdict": "adapter-observational evidence", "evidence": f"run policy {policy} "
+                f"records claims and enforces none; {note}", "source": "derived"}
     text = modes.get(mode) if isinstance(modes.get(mode), str) else MODE_ENFORCEMENT.get(mode or "")
     if text is None:
-        return {"verdict": "unknown", "evidence": f"mode {mode!r} is not one this runtime "
-                f"knows; {note}", "source": "derived"}
-    verdict = "enforced" if text.startswith("enforced") else "recorded only"
-    return {"verdict": verdict, "evidence": f"{mode} under {policy}: {text}; {note}",
-            "source": "derived"}
+        return {"verdict": "unknown evidence", "evidence": f"mode {mode!r} is not one this "
+                f"runtime knows; {note}", "source": "derived"}
+    # NOTE: fail-closed: without the lowering table the run's evidence is not read, so what the
+    # policy promises is the runtime's claim, never a verdict that it was kept
+    return {"verdict": "unknown evidence", "evidence": f"{mode} under {policy}: the runtime "
+            f"claims {text}; {note}", "source": "derived"}
 
 
 def _n(v: Any) -> str:

@@ -30,9 +30,9 @@ TABLES: Final[dict[str, str]] = {
     "loss_claims": "one row per (block loss, claim bound to the lost content) with the label",
     "claims": "every claim's final outcome, value lost, and the seqs of its lifecycle",
     "requests": "every request's outcome, deferrals, refusal and what it cached",
-    "feasibility": "every admission decision: protected + required vs usable blocks",
+    "feasibility": "every admission decision: protected + live + required vs usable blocks",
     "findings": "holes in the evidence, disagreements with the runtime, violations, anomalies",
-    "conformance": "litmus L1-L7 and invariants per run: verdict and the seqs that prove it",
+    "conformance": "litmus checks and invariants per run: verdict and the seqs that prove it",
 }
 
 

@@ -1,5 +1,6 @@
 -- feasibility_violations: admission decisions that break the capacity rule (protected +
--- required <= usable).
+-- active live <= usable, rebuilt: the live blocks of the running requests + the request's own
+-- need).
 -- One row per offending decision: an admission that did not
 -- fit (something protected had to give), or a deferral/refusal that would have fit (a claim
 -- blocked a request it did not need to). Needs the reconstructed table `feasibility`.
@@ -23,12 +24,14 @@ SELECT
         AS violation,
     -- blocks protected by claims in force (rebuilt from the block timeline)
     protected_blocks,
+    -- blocks the other running requests held (rebuilt)
+    live_blocks,
     -- blocks the request needed: its prompt's blocks not hit in the cache (rebuilt)
     required_blocks,
     -- usable blocks in the pool
     usable_blocks,
-    -- protected + required - usable (rebuilt; 0 when it fit)
-    greatest(0, protected_blocks + required_blocks - usable_blocks) AS shortfall_blocks,
+    -- protected + live + required - usable (rebuilt; 0 when it fit)
+    shortfall_blocks,
     -- the runtime's own protected figure at the decision (0 under a policy that protects nothing)
     runtime_protected_blocks,
     -- the runtime's own required figure at the decision

@@ -34,14 +34,20 @@ SELECT
     d.request_id,
     -- its tenant (NULL when the trace does not say)
     q.tenant AS request_tenant,
-    -- blocks it needed
+    -- blocks it needed, as the runtime reported them
     d.blocks_required,
-    -- blocks protected by claims in force at the decision
+    -- blocks it needed: its prompt's blocks less hits (rebuilt from the trace)
+    d.required_blocks,
+    -- blocks the other running requests held (rebuilt)
+    d.live_blocks,
+    -- blocks protected by claims in force at the decision (rebuilt)
     d.protected_blocks,
     -- usable blocks in the pool
     d.usable_blocks,
-    -- protected + required - usable (0 when it would have fit)
+    -- protected + live + required - usable (rebuilt; 0 when it would have fit)
     d.shortfall_blocks,
+    -- the shortfall the runtime reported
+    d.runtime_shortfall_blocks,
     -- a claim the decision named as blocking (NULL: none named)
     d.blocking_claim_id,
     -- that claim's instance (seq of its claim_submitted)

@@ -14,7 +14,8 @@ SELECT
     deferrals,
     -- the claims its refusal named (NULL unless refused)
     blocking_claim_ids,
-    -- blocks missing at the refusal: protected + required - usable
+    -- blocks missing at the refusal: protected + live + required - usable (rebuilt from the
+    -- trace; NULL when the trace does not show the request's need)
     shortfall_blocks,
     -- prompt tokens served from the prefix cache
     num_cached_tokens,

@@ -45,7 +45,7 @@ from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
                                           TABLE_NAMES, VERDICT_TABLES, fill_sql,
                                           vocabulary_tables)
-from kvclaims.reconstruct import labels
+from kvclaims.reconstruct import checks, labels
 from kvclaims.contract import policies
 from kvclaims.reconstruct import loader
 from kvclaims.sources.jsonl import read_jsonl
@@ -69,7 +69,8 @@ STAGES: Final[tuple[str, ...]] = (
 #                       start_seq, end_seq, end_kind ('overwritten')
 #   kv_admission_state  admission decision or preemption: run_id, seq, request_id,
 #                       protected_blocks, protected_claim_seqs, cached_blocks,
-#                       evictable_blocks, held_blocks
+#                       evictable_blocks, held_blocks, live_blocks (held, not protected:
+#                       the active live KV of seed 000)
 
 # Policy names written by the paper's prototype (imported traces keep them) that enforce claims.
 # NOTE: our own policies say it themselves (kvclaims.contract.policies.POLICIES[...].enforce).
@@ -82,10 +83,11 @@ PROTOTYPE_ENFORCING: Final[dict[str, str]] = {
 
 
 def stage_sql(name: str) -> str:
-    """The text of one stage's SQL file (shipped as package data), its vocabulary terms filled
-    in (``vocabulary.fill_sql``)."""
-    return fill_sql(resources.files("kvclaims.reconstruct").joinpath("sql", name)
-                    .read_text(encoding="utf-8"))
+    """The text of one stage's SQL file (shipped as package data), its vocabulary terms
+    (``vocabulary.fill_sql``) and the check and lowering-class tables (``checks.fill_sql``)
+    filled in."""
+    return checks.fill_sql(fill_sql(resources.files("kvclaims.reconstruct")
+                                    .joinpath("sql", name).read_text(encoding="utf-8")))
 
 
 def split_statements(sql: str) -> list[str]:

@@ -13,7 +13,8 @@ applies every event and emits:
 - ``kv_pred``: the intervals ``[from_seq, to_seq)`` where an instance's predicate holds
   (per event, not per step);
 - ``kv_copies``: copies of content overwritten without an eviction (finding block_overwritten);
-- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption.
+- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption;
+- ``kv_protected_hits``: every ``block_hit`` on content an in-force residency claim binds.
 
 The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
@@ -170,7 +171,11 @@ S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 I_OK, I_PRED, I_PRED_FROM, I_BREAK, I_MAT, I_INFORCE, I_SEEN, I_DIRTY, I_PROTPOS = range(9)
 # counters
 (C_CACHED, C_HELD, C_EVICTABLE, C_LOW, C_PROTECTED, C_HOOK, C_LOSSID, C_NPROT, C_NDIRTY,
- C_NSLOTS, C_PROTVER) = range(11)
+ C_NSLOTS, C_PROTVER, C_PROTHELD) = range(12)
+NC = 12
+# NOTE: C_PROTHELD counts the protected copies (C_PROTECTED) that a request also references
+# (held); held - protheld is the active live KV outside the protected set, so feasibility's
+# protected + live never counts a block twice (a running request hitting a claim's prefix).
 # NOTE: ``prot[:C_NPROT]`` lists exactly the instances protecting blocks now: in force, of a
 # residency mode, with a resident bound block (I_OK > 0); ``IS[i, I_PROTPOS]`` is i's index in
 # it, -1 when absent. It is kept up to date where any of the three changes (``_protecting``), so
@@ -186,8 +191,8 @@ NL = 19
  P_SEQ) = range(11)
 NP_ = 11
 # admission snapshot columns
-A_SEQ, A_ROW, A_PROT, A_CACHED, A_EVICTABLE, A_HELD, A_L0, A_L1 = range(8)
-NA = 8
+A_SEQ, A_ROW, A_PROT, A_CACHED, A_EVICTABLE, A_HELD, A_L0, A_L1, A_LIVE = range(9)
+NA = 9
 
 
 @numba.njit(cache=True)
@@ -365,6 +370,8 @@ def _copy(b: int, h: int, delta: int, seq: int, BS: np.ndarray, HS: np.ndarray,
     C[C_CACHED] += delta
     if HS[h, H_RESID] > 0:
         C[C_PROTECTED] += delta
+        if BS[b, B_REF] > 0:
+            C[C_PROTHELD] += delta
     if BS[b, B_REF] == 0:
         C[C_EVICTABLE] += delta
         HS[h, H_EVC] += delta
@@ -390,6 +397,8 @@ def _ref(b: int, delta: int, BS: np.ndarray, HS: np.ndarray, C: np.ndarray) -> N
         if h >= 0:
             C[C_EVICTABLE] -= d
             HS[h, H_EVC] -= d
+            if HS[h, H_RESID] > 0:
+                C[C_PROTHELD] += d
             if HS[h, H_SOFT] == 0:
                 C[C_LOW] -= d
 
@@ -410,8 +419,10 @@ def _protect(h: int, mode: int, delta: int, HS: np.ndarray, C: np.ndarray) -> No
         HS[h, H_RESID] = old + delta
         if old == 0 and delta > 0:
             C[C_PROTECTED] += HS[h, H_COPIES]
+            C[C_PROTHELD] += HS[h, H_COPIES] - HS[h, H_EVC]
         elif old + delta == 0 and delta < 0:
             C[C_PROTECTED] -= HS[h, H_COPIES]
+            C[C_PROTHELD] -= HS[h, H_COPIES] - HS[h, H_EVC]
 
 
 @numba.njit(cache=True)
@@ -535,7 +546,7 @@ def _judge(L: np.ndarray, l0: int, l1: int, P: np.ndarray, IS: np.ndarray,
 @numba.njit(cache=True)
 def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray,
           bidx: np.ndarray, bid: np.ndarray, hbits: np.ndarray, hok: np.ndarray,
-          inst_of: np.ndarray, pos: np.ndarray,
+          inst_of: np.ndarray, pos: np.ndarray, owner: np.ndarray,
           hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray,
           BS: np.ndarray, HS: np.ndarray, SL: np.ndarray, IS: np.ndarray, C: np.ndarray,
           prot: np.ndarray, dirty: np.ndarray,
@@ -552,6 +563,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     R = np.empty((max(16, n // 16), 3), dtype=np.int64)
     W = np.empty((16, 4), dtype=np.int64)      # overwritten copies: block, hash, start, end
     M = np.empty((16, 2), dtype=np.int64)      # materializations: inst, seq
+    PH = np.empty(16, dtype=np.int64)          # rows of block_hit events on protected content
+    nph = 0
     nl = 0
     npair = 0
     na = 0
@@ -561,10 +574,12 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     nm = 0
     l_judged = 0
     zero = np.uint64(0)
-    S0 = np.zeros(4, dtype=np.int64)          # the pool at the start of the current step
+    S0 = np.zeros(5, dtype=np.int64)          # the pool before the current request's own events
     SI0 = np.empty(16, dtype=np.int64)        # claim instances protecting blocks then
     ns0 = 0
     si_ver = -1                               # C_PROTVER when SI0 was taken (-1: never)
+    run_owner = -1                            # the request whose block events run now (-1: none)
+    run_step = -1
     for i in range(n):
         e = ev[i]
         s = seq[i]
@@ -594,15 +609,24 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         W = _grow(W, nw, 1)
         M = _grow(M, nm, C[C_NDIRTY] + 1)
         A = _grow(A, na, 1)
+        PH = _grow1(PH, nph, 1)
         AL = _grow1(AL, nal, max(C[C_NPROT], ns0) + 1)
         if step_ok[i] and (i == 0 or (not step_ok[i - 1]) or step[i - 1] != step[i]):
-            # NOTE: an admission decision is judged against the pool as its scheduler step
-            # found it: vLLM allocates (and evicts) for a request before the decision is
-            # recorded, so the state at the decision's own seq already holds its effects
+            run_owner = -1
+        if (step_ok[i] and owner[i] >= 0 and e != EV_RESET and EV_CACHED <= e <= EV_FREED
+                and (owner[i] != run_owner or step[i] != run_step)):
+            # NOTE: an admission decision is judged against the pool as the request found it:
+            # vLLM allocates (and evicts, and hits) for a request right before the decision is
+            # recorded, so the state at the decision's own seq already holds its effects; the
+            # state before its own run of block events is the one it met (other requests of
+            # the same step, scheduled before it, are in)
+            run_owner = owner[i]
+            run_step = step[i]
             S0[0] = C[C_PROTECTED]
             S0[1] = C[C_CACHED]
             S0[2] = C[C_EVICTABLE]
             S0[3] = C[C_HELD]
+            S0[4] = C[C_HELD] - C[C_PROTHELD]
             if C[C_PROTVER] != si_ver:   # NOTE: else SI0[:ns0] is still exact (C_PROTVER)
                 si_ver = C[C_PROTVER]
                 ns0 = C[C_NPROT]
@@ -626,6 +650,11 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     _copy(b, cur, -1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
                 if h >= 0 and cur != h:
                     _copy(b, h, 1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
+                if e == EV_HIT and h >= 0 and HS[h, H_RESID] > 0:
+                    # NOTE: a hit on content an in-force residency claim binds: that block is
+                    # counted as protected, so it is not the request's need (05_feasibility)
+                    PH[nph] = i
+                    nph += 1
                 BS[b, B_LAST_KIND] = 1
                 BS[b, B_LAST_HASH] = np.int64(hbits[i])
                 BS[b, B_LAST_HASH_OK] = hok[i]
@@ -697,12 +726,14 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                         C[C_NDIRTY] += 1
                 elif e == EV_RELEASE and s == rel[inst] and IS[inst, I_INFORCE] == 1:
                     before = C[C_PROTECTED]
+                    held_before = C[C_PROTHELD]
                     _force(inst, -1, off, nsl, k, mode, SL, HS, IS, prot, C)
-                    if step_ok[i]:
+                    if step_ok[i] and run_owner >= 0:
                         # NOTE: a demotion, expiry or release inside the step comes before the
                         # decisions that follow it (the arbiter demotes to admit): the step's
                         # starting pool no longer protects that claim's blocks
                         S0[0] = max(0, S0[0] - (before - C[C_PROTECTED]))
+                        S0[4] += held_before - C[C_PROTHELD]  # held and no longer protected
                         w = 0
                         for j in range(ns0):   # keeps claim_seq order
                             if SI0[j] != inst:
@@ -754,19 +785,22 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
             A[na, A_SEQ] = s
             A[na, A_ROW] = i
             A[na, A_L0] = nal
-            if step_ok[i]:  # the step's starting pool (see above)
+            if step_ok[i] and owner[i] >= 0 and owner[i] == run_owner and step[i] == run_step:
+                # the pool before the request's own block events (see above)
                 A[na, A_PROT] = S0[0]
                 A[na, A_CACHED] = S0[1]
                 A[na, A_EVICTABLE] = S0[2]
                 A[na, A_HELD] = S0[3]
+                A[na, A_LIVE] = S0[4]
                 for j in range(ns0):
                     AL[nal] = SI0[j]
                     nal += 1
-            else:  # stepless traces: the pool at the decision's seq
+            else:  # no own block events before it (or stepless): the pool at its seq
                 A[na, A_PROT] = C[C_PROTECTED]
                 A[na, A_CACHED] = C[C_CACHED]
                 A[na, A_EVICTABLE] = C[C_EVICTABLE]
                 A[na, A_HELD] = C[C_HELD]
+                A[na, A_LIVE] = C[C_HELD] - C[C_PROTHELD]
                 m = C[C_NPROT]
                 AL[nal:nal + m] = np.sort(prot[:m])
                 nal += m
@@ -790,8 +824,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     M[nm, 1] = s
                     nm += 1
             C[C_NDIRTY] = 0
-    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], hkeys, hvals,
-            hused, HS)
+    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], PH[:nph], hkeys,
+            hvals, hused, HS)
 
 
 @numba.njit(cache=True)
@@ -843,7 +877,11 @@ _MASKED: Final[dict[str, Callable[[str], bool]]] = {
     "claim_id": lambda e: e.startswith("claim_"),
     "cause": lambda e: e == "block_evicted",
     "by_request_id": lambda e: e == "block_evicted",
-    "request_id": lambda e: e in ("request_admitted", "request_deferred", "request_refused",
+    # NOTE: kept on block events too: the admission snapshot is taken before a request's own
+    # run of block events (``owner`` in the pass), and kv_protected_hits names the hitter
+    "request_id": lambda e: e in ("block_allocated", "block_cached", "block_hit",
+                                  "block_freed", "request_admitted", "request_deferred",
+                                  "request_refused",
                                   "request_preempted"),
 }
 # Rows of pass outputs held before they go to DuckDB in one INSERT per table.
@@ -877,7 +915,9 @@ DDL: Final[tuple[str, ...]] = (
     """CREATE OR REPLACE TEMP TABLE kv_admission_state (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR, protected_blocks BIGINT,
         protected_claim_seqs BIGINT[], cached_blocks BIGINT, evictable_blocks BIGINT,
-        held_blocks BIGINT)""",
+        held_blocks BIGINT, live_blocks BIGINT)""",
+    """CREATE OR REPLACE TEMP TABLE kv_protected_hits (
+        run_id VARCHAR, seq BIGINT, request_id VARCHAR)""",
 )
 
 _FACTS_SQL: Final[str] = """
@@ -962,7 +1002,7 @@ class _Run:
         self.IS[:, I_MAT] = -1
         self.IS[:, I_SEEN] = -1
         self.IS[:, I_PROTPOS] = -1
-        self.C = np.zeros(11, dtype=np.int64)
+        self.C = np.zeros(NC, dtype=np.int64)
         self.C[C_HOOK] = -1
         self.C[C_NSLOTS] = nslots
         self.prot = np.zeros(max(1, ni), dtype=np.int64)
@@ -1129,6 +1169,17 @@ def _windows(batches: Iterable[pa.RecordBatch | pa.Table], window: int) -> Itera
         yield pa.concat_tables(held).combine_chunks()
 
 
+def _owners(t: pa.Table) -> np.ndarray:
+    """Each row's request as a window-local code (-1: none): ``request_id``, else
+    ``by_request_id`` (an eviction's). Only equality within a window is used."""
+    col = pc.coalesce(t.column("request_id"), t.column("by_request_id"))
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    enc = pc.dictionary_encode(col)
+    codes, ok = _np(enc.indices, np.int64, -1)
+    return np.where(ok, codes, -1)
+
+
 def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     """Run the pass over one window (seq order, ending at a step end) and store its outputs."""
     n = t.num_rows
@@ -1149,9 +1200,10 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         code = np.where(iok, lut[ind], -1)
     inst_of = _instances(seq, ev, code, run.cur, run.fseq)
     bidx = run.blocks(bid, bok)
+    owner = _owners(t)
     t0 = time.perf_counter()
-    L, P, A, AL, R, W, M, run.hkeys, run.hvals, run.hused, run.HS = _pass(
-        seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos,
+    L, P, A, AL, R, W, M, PH, run.hkeys, run.hvals, run.hused, run.HS = _pass(
+        seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos, owner,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.prot,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
         run.relkind, run.rank, run.border(), run.unknown_from)
@@ -1250,6 +1302,11 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "block_hash": pa.array(W[:, 1].view(np.uint64)),
             "start_seq": pa.array(W[:, 2]), "end_seq": pa.array(W[:, 3]),
             "end_kind": pa.array(["overwritten"] * W.shape[0], pa.string())}))
+    if PH.shape[0]:
+        sink.add("kv_protected_hits", pa.table({
+            "run_id": _const(rid, PH.shape[0]),
+            "seq": pa.array(seq[PH]),
+            "request_id": t.column("request_id").combine_chunks().take(pa.array(PH))}))
     if A.shape[0]:
         loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
         loff -= loff[0]
@@ -1262,7 +1319,8 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
             "cached_blocks": pa.array(A[:, A_CACHED]),
             "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
-            "held_blocks": pa.array(A[:, A_HELD])}))
+            "held_blocks": pa.array(A[:, A_HELD]),
+            "live_blocks": pa.array(A[:, A_LIVE])}))
 
 
 def _finish(run: _Run, sink: _Sink) -> None:

@@ -12,6 +12,7 @@ from kvclaims.cli import main
 from kvclaims.reconstruct import core, loader
 from kvclaims.sources import shapes
 from kvclaims.sources.jsonl import events_to_table
+from tests import feasibility_shapes as fs
 
 Events = list[dict]
 FIX = Path(__file__).parent / "fixtures"
@@ -26,7 +27,7 @@ def verdicts(events: Events) -> dict[str, str]:
 
 
 def shape(name: str) -> Events:
-    return shapes.SHAPES[name]()
+    return {**shapes.SHAPES, **fs.SHAPES}[name]()
 
 
 def idx(events: Events, event: str, **match: object) -> int:
@@ -98,8 +99,11 @@ TWINS = [
      release_swapped_with_first_loss("claim_demoted")),
     ("INV_refusal_names_protected_claim", "hard_60_70_80", "hard_60_70_80",
      refusal_claim_id_changed),
-    ("INV_no_protected_loss", "hard_60_70_80", "ttl_60_70_80", expire_removed),
-    ("INV_feasible_admission", "demote_60_70_80", "unenforced_60_70_80",
+    # NOTE: a loss while the hard claim is in force (of another block) exercises it; the
+    # 60/70/80 refusal, with no loss at all, does not
+    ("INV_no_protected_loss", "hard_unrelated_loss", "ttl_60_70_80", expire_removed),
+    # NOTE: an admission while claims protect blocks; the demotion fixture admits with none
+    ("INV_feasible_admission", "hard_60_70_130", "unenforced_60_70_80",
      policy_turned_enforcing),
 ]
 

@@ -459,7 +459,7 @@ def test_harm_evictors_name_the_active_request_and_why_it_was_admitted(
     assert row["request_id"].startswith("active-") and row["harm_blocks"] == 50
     assert (row["required_blocks"], row["protected_blocks"], row["usable_blocks"]) == (70, 60, 80)
     assert "policy native does not enforce claims" in row["why"]
-    assert "60 + 70 does not fit in 80" in row["why"]
+    assert "60 + 0 + 70 does not fit in 80" in row["why"]
 
 
 def test_a_preserved_claim_has_no_evictors(audit: data.Audit) -> None:

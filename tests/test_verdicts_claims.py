@@ -68,8 +68,11 @@ def test_preemption_carries_the_pinned_blocks_and_the_claims_holding_them() -> N
     assert row == [("preempted", 6, 0, [vs.CLAIM], [claim_seq])]
 
 
-def test_preemption_without_attribution_leaves_it_unknown() -> None:
+def test_preemption_without_attribution_leaves_the_runtimes_figures_unknown() -> None:
+    # the protected blocks are rebuilt from the timeline (6), whatever the runtime reported
+    # (here nothing): its own figure and its blocking claims stay unknown
     t = vs.reconstruct_events(vs.preempted_by_pinned(attributed=False))
-    row = t.con.sql("SELECT outcome, preempted_protected_blocks, preempted_blocking_claim_seqs "
+    row = t.con.sql("SELECT outcome, preempted_protected_blocks, "
+                    "runtime_preempted_protected_blocks, preempted_blocking_claim_seqs "
                     "FROM requests WHERE request_id = 'grow'").fetchall()
-    assert row == [("preempted", None, None)]
+    assert row == [("preempted", 6, None, None)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from kvclaims.audit import open_audit
 from kvclaims.reconstruct import core
 from kvclaims.sources import shapes
+from kvclaims.reconstruct.checks import CHECKS
 from tests import verdict_shapes as vs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"
@@ -121,7 +122,7 @@ def test_observed_runs_report_in_engine_checks_as_not_exercised_with_the_reason(
 def test_in_engine_runs_judge_the_same_trace() -> None:
     v = judge(probe("obs", policy="hard_protected", claim_mode="hard_protected"),
               {"evidence": "in_engine"})
-    assert v["L3"][0] == "pass" and v["INV_feasible_admission"][0] == "pass"
+    assert v["L3"][0] == "pass" and v["INV_refusal_names_protected_claim"][0] == "pass"
 
 
 # -- hook failures (fail-open) -----------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_a_protected_claim_losing_content_before_a_hook_failure_fails() -> None:
 def test_every_check_has_a_title_and_the_situation_it_needs() -> None:
     t = vs.reconstruct_events(vs.demoted_without_loss())
     rows = t.con.sql('SELECT "check", title, needs FROM conformance').fetchall()
-    assert len(rows) == 12
+    assert len(rows) == len(CHECKS)
     assert all(title and needs and title != check for check, title, needs in rows)
 
 

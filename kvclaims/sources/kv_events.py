@@ -79,6 +79,9 @@ NOT_EXERCISED: Final[dict[str, str]] = {
     "INV_refusal_names_protected_claim": "no admission decisions observed",
     "INV_no_protected_loss": "nothing protected the claimed blocks",
     "INV_feasible_admission": "no admission decisions observed",
+    "L4": "nothing demotes an observed claim: no arbiter runs beside a stock engine",
+    "L_feasibility": "no admission decisions observed",
+    "L_chunking": "no scheduler steps or allocations observed",
 }
 # What the evidence cannot tell; the columns stay NULL (or 'unknown'), never guessed.
 OBSERVED_LIMITS: Final[tuple[str, ...]] = (

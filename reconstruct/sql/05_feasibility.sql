@@ -1,21 +1,36 @@
 -- Stage 5a: feasibility, rebuilt from the block timeline at every admission decision
 -- (request_admitted / request_deferred / request_refused) and preemption
--- (docs/reconstruction.md, "Feasibility").
+-- (docs/reconstruction.md, "Feasibility"; seed 000's inequality
+-- protected_resident_kv + active_live_kv <= usable_kv).
 --
 -- protected_blocks: distinct cached blocks bound (a current binding, position < k) to claim
 --   instances in force whose mode promises residency (kvclaims.contract.schema.RESIDENCY_MODES), from
 --   the labelling pass's snapshot (kv_admission_state), whatever the runtime did with them.
---   NOTE: with scheduler steps, the snapshot is the pool as the decision's step found it
---   (vLLM allocates, and evicts, for a request before it records the decision).
--- required_blocks: the request's blocks not hit in the cache: its prompt's blocks,
---   ceil(num_prompt_tokens / block_size), less its block_hit events of that admission (the
---   decision itself if admitted, else the request's next admission; in the admission's
---   scheduler step when the trace has steps, else up to the request's next lifecycle event).
+--   NOTE: with scheduler steps, the snapshot is the pool as the request found it: before its
+--   own run of block events in the decision's step (vLLM allocates, hits and evicts for a
+--   request right before it records the decision); the requests scheduled before it in the
+--   same step are in. Without steps, or without own block events before it: at its seq.
+-- live_blocks: the blocks the running requests hold in that snapshot (referenced by a
+--   request), less the protected ones (never counted twice); the request's own blocks are not
+--   in it (its own need is required_blocks).
+-- required_blocks: the request's own need: its prompt's blocks,
+--   ceil(num_prompt_tokens / block_size), less its hits on protected content at that admission
+--   (the decision itself if admitted, else the request's next admission; in the admission's
+--   scheduler step when the trace has steps, else up to the request's next lifecycle event):
+--   those blocks are counted in protected_blocks; a hit on an unprotected cached block takes
+--   that block as this request's live KV, so it stays in the need.
 --   NOTE: not the step's allocations: chunked prefill allocates a long prompt over several
---   steps. Without the prompt's size in the trace: the admission's allocations; without
---   either, NULL (no hit is credited without evidence).
--- feasible: protected + required <= usable (docs/design.md, "Feasibility").
+--   steps, and chunking does not bound live KV. With steps, what the admission's step took
+--   (allocations + hits) when that is more: a request resumed after a preemption recomputes
+--   its prompt and the output so far. Without the prompt's size in the trace: the
+--   admission's allocations; without either, NULL (no hit is credited without evidence).
+--   A preemption needs nothing new: the preempted request's blocks are among live_blocks (0).
+-- active_live_blocks = live_blocks + required_blocks;
+-- feasible: protected + active_live <= usable (docs/design.md, "Feasibility");
+-- shortfall_blocks: protected + active_live - usable, at least 0 (rebuilt).
 -- The runtime's own figures stay beside them (runtime_*); agrees: both verdicts are equal.
+-- NOTE: the runtime (recorder/arbiter.py) counts protected + its own required only; a
+-- difference in any figure is a finding (07_findings.sql), never copied into the rebuilt one.
 
 -- The events stages 05-07 read besides the block timeline, scanned once: request decisions
 -- and lifecycle, claim lifecycle and runtime reports after submission, resets, gaps and hook
@@ -51,9 +66,12 @@ WITH last_adm AS (
     GROUP BY run_id, request_id
 ), b AS (
     SELECT e.run_id, e.request_id, e.step, CASE WHEN e.step IS NULL THEN e.seq END AS seq,
-           e.event, e.seq > coalesce(a.last_admitted_seq, -1) AS after_admission
+           e.event, e.seq > coalesce(a.last_admitted_seq, -1) AS after_admission,
+           ph.seq IS NOT NULL AS protected_hit
     FROM events e
     LEFT JOIN last_adm a ON a.run_id = e.run_id AND a.request_id = e.request_id
+    -- the pass's hits on content an in-force residency claim binds (equality join)
+    LEFT JOIN kv_protected_hits ph ON ph.run_id = e.run_id AND ph.seq = e.seq
     WHERE e.event IN ('block_allocated', 'block_cached', 'block_hit')
       AND e.request_id IS NOT NULL
 )
@@ -61,6 +79,7 @@ SELECT run_id, request_id, step, seq,
        count(*) FILTER (WHERE event = 'block_allocated') AS n_allocated,
        count(*) FILTER (WHERE event = 'block_cached') AS n_cached,
        count(*) FILTER (WHERE event = 'block_hit') AS n_hit,
+       count(*) FILTER (WHERE event = 'block_hit' AND protected_hit) AS n_prot_hit,
        count(*) FILTER (WHERE event = 'block_hit' AND after_admission) AS n_hit_after_admission
 FROM b
 GROUP BY run_id, request_id, step, seq;
@@ -80,7 +99,8 @@ WITH adm AS (
     SELECT run_id, request_id, seq AS adm_seq, step AS adm_step
     FROM kv_decisions WHERE event = 'request_admitted'
 ), per_step AS (
-    SELECT run_id, request_id, step, n_allocated AS n, n_allocated + n_hit AS n_blocks
+    SELECT run_id, request_id, step, n_allocated AS n, n_allocated + n_hit AS n_blocks,
+           n_prot_hit
     FROM kv_request_blocks
     WHERE step IS NOT NULL
 ), life AS (
@@ -96,19 +116,20 @@ WITH adm AS (
 ), alloc_stepless AS (
     -- each stepless allocation or hit, with the request's latest stepless admission before it
     -- NOTE: admissions' seqs grow with seq, so the running max is the latest one
-    SELECT run_id, request_id, seq, n_allocated, n_hit,
+    SELECT run_id, request_id, seq, n_allocated, n_hit, n_prot_hit,
            max(adm_seq) OVER (PARTITION BY run_id, request_id ORDER BY seq
                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS adm_seq
-    FROM (SELECT run_id, request_id, seq, n_allocated, n_hit, NULL::BIGINT AS adm_seq
+    FROM (SELECT run_id, request_id, seq, n_allocated, n_hit, n_prot_hit,
+                 NULL::BIGINT AS adm_seq
           FROM kv_request_blocks
           WHERE step IS NULL AND n_allocated + n_hit > 0
           UNION ALL
-          SELECT run_id, request_id, adm_seq, 0, 0, adm_seq FROM adm_stepless)
+          SELECT run_id, request_id, adm_seq, 0, 0, 0, adm_seq FROM adm_stepless)
 )
 -- NOTE: an admission with neither an allocation nor a hit in the trace has no evidence of its
 -- blocks: NULL here, so feasibility falls back to the prompt's blocks (never a guessed 0)
 SELECT a.run_id, a.request_id, a.adm_seq, CASE WHEN c.n_blocks > 0 THEN c.n END AS allocated,
-       coalesce(c.n_blocks - c.n, 0) AS hits
+       coalesce(c.n_blocks - c.n, 0) AS hits, coalesce(c.n_prot_hit, 0) AS prot_hits
 FROM adm a
 LEFT JOIN per_step c
   ON c.run_id = a.run_id AND c.request_id = a.request_id AND c.step = a.adm_step
@@ -120,7 +141,9 @@ SELECT a.run_id, a.request_id, a.adm_seq,
             THEN sum(x.n_allocated) FILTER (WHERE a.adm_end IS NULL
                                               OR x.seq < a.adm_end)::BIGINT END AS allocated,
        coalesce(sum(x.n_hit) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end),
-                0)::BIGINT AS hits
+                0)::BIGINT AS hits,
+       coalesce(sum(x.n_prot_hit) FILTER (WHERE a.adm_end IS NULL OR x.seq < a.adm_end),
+                0)::BIGINT AS prot_hits
 FROM adm_stepless a
 LEFT JOIN alloc_stepless x
   ON x.run_id = a.run_id AND x.request_id = a.request_id AND x.adm_seq = a.adm_seq
@@ -134,33 +157,46 @@ WITH prompt AS (
     FROM kv_stage_events e WHERE e.event = 'request_arrived' AND e.request_id IS NOT NULL
     GROUP BY ALL
 ), next_adm AS (
-    -- each deferral or preemption with the request's next admission (at or after it)
+    -- each deferral with the request's next admission (at or after it)
     SELECT run_id, seq, request_id, event,
            min(CASE WHEN event = 'request_admitted' THEN seq END) OVER (
                PARTITION BY run_id, request_id ORDER BY seq
                ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_adm_seq
     FROM kv_decisions
 ), later AS (
-    SELECT d.run_id, d.seq, a.allocated, a.hits
+    SELECT d.run_id, d.seq, a.allocated, a.hits, a.prot_hits
     FROM next_adm d
     JOIN kv_admission_allocs a
       ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.next_adm_seq
-    WHERE d.event IN ('request_deferred', 'request_preempted')
+    WHERE d.event = 'request_deferred'
 ), f AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
            s.protected_blocks,
-           coalesce(
-               greatest(0, ceil(p.num_prompt_tokens / NULLIF(r.block_size, 0))::BIGINT
-                           - coalesce(a.hits, CASE WHEN a.adm_seq IS NULL THEN l.hits END, 0)),
-               a.allocated, CASE WHEN a.adm_seq IS NULL THEN l.allocated END)
+           -- NOTE: the pass's snapshot precedes the request's own block events (see above):
+           -- its own blocks are its need, never counted as another request's live KV
+           s.live_blocks,
+           -- NOTE: less only the hits on protected content (counted in protected_blocks): a
+           -- hit on an unprotected cached block makes that block this request's live KV
+           -- NOTE: with steps, an admission's own step shows what it took: more than its prompt
+           -- when it resumes after a preemption (vLLM recomputes prompt and output so far)
+           -- NOTE: DuckDB's greatest skips NULLs: the NULL tests keep a missing figure NULL
+           CASE WHEN d.event = 'request_preempted' THEN 0 ELSE coalesce(
+               CASE WHEN p.num_prompt_tokens IS NOT NULL AND r.block_size > 0 THEN
+               greatest(0, greatest(ceil(p.num_prompt_tokens / r.block_size)::BIGINT,
+                                    CASE WHEN d.step IS NOT NULL
+                                         THEN coalesce(a.allocated, 0) + a.hits END)
+                           - coalesce(a.prot_hits,
+                                      CASE WHEN a.adm_seq IS NULL THEN l.prot_hits END, 0))
+               END,
+               a.allocated + a.hits - a.prot_hits,
+               CASE WHEN a.adm_seq IS NULL THEN l.allocated + l.hits - l.prot_hits END) END
                AS required_blocks,
            d.protected_blocks AS runtime_protected_blocks,
            d.blocks_required AS runtime_required_blocks,
+           d.shortfall_blocks AS runtime_shortfall_blocks,
            s.protected_claim_seqs,
-           -- compatibility columns (the runtime's arithmetic, as before)
-           d.free_blocks, d.shortfall_blocks AS reported_shortfall_blocks,
-           d.blocking_claim_ids, r.policy, r.enforcing
+           d.free_blocks, d.blocking_claim_ids, r.policy, r.enforcing
     FROM kv_decisions d
     JOIN kv_runs r ON r.run_id = d.run_id
     LEFT JOIN kv_admission_state s ON s.run_id = d.run_id AND s.seq = d.seq
@@ -169,20 +205,35 @@ WITH prompt AS (
     LEFT JOIN kv_admission_allocs a
       ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.seq
     LEFT JOIN later l ON l.run_id = d.run_id AND l.seq = d.seq
+), ids AS (
+    -- the claim ids of the instances protecting blocks at each decision (the rebuilt blockers)
+    SELECT f.run_id, f.seq, list(DISTINCT c.claim_id ORDER BY c.claim_id) AS ids
+    FROM (SELECT run_id, seq, unnest(protected_claim_seqs) AS claim_seq FROM f) f
+    JOIN kv_claim_facts c ON c.run_id = f.run_id AND c.claim_seq = f.claim_seq
+    GROUP BY f.run_id, f.seq
+), g AS (
+    SELECT f.*, live_blocks + required_blocks AS active_live_blocks,
+           protected_blocks + live_blocks + required_blocks AS demand_blocks,
+           runtime_protected_blocks + runtime_required_blocks <= usable_blocks
+               AS runtime_feasible,
+           coalesce(i.ids, []::VARCHAR[]) AS protected_claim_ids
+    FROM f LEFT JOIN ids i ON i.run_id = f.run_id AND i.seq = f.seq
 )
-SELECT run_id, seq, ts_ns, step, request_id, event, usable_blocks, protected_blocks,
-       required_blocks,
-       protected_blocks + required_blocks <= usable_blocks AS feasible,
-       runtime_protected_blocks, runtime_required_blocks,
-       runtime_protected_blocks + runtime_required_blocks <= usable_blocks AS runtime_feasible,
-       (protected_blocks + required_blocks <= usable_blocks)
-           = (runtime_protected_blocks + runtime_required_blocks <= usable_blocks) AS agrees,
-       protected_claim_seqs,
-       replace(event, 'request_', '') AS decision,
+SELECT run_id, seq, ts_ns, step, request_id, event, replace(event, 'request_', '') AS decision,
+       usable_blocks,
+       -- rebuilt from the block timeline
+       protected_blocks, live_blocks, required_blocks, active_live_blocks, demand_blocks,
+       demand_blocks <= usable_blocks AS feasible,
+       CASE WHEN demand_blocks IS NOT NULL AND usable_blocks IS NOT NULL
+            THEN greatest(0, demand_blocks - usable_blocks) END AS shortfall_blocks,
+       protected_claim_seqs, protected_claim_ids,
+       -- what the runtime reported at the decision
+       runtime_protected_blocks, runtime_required_blocks, runtime_shortfall_blocks,
+       runtime_feasible, blocking_claim_ids, free_blocks,
+       (demand_blocks <= usable_blocks) = runtime_feasible AS agrees,
+       -- compatibility names for the runtime's figures
        runtime_required_blocks AS blocks_required,
-       runtime_protected_blocks + runtime_required_blocks AS demand_blocks,
-       greatest(0, runtime_protected_blocks + runtime_required_blocks - usable_blocks)
-           AS shortfall_blocks,
-       reported_shortfall_blocks, free_blocks, blocking_claim_ids, policy, enforcing
-FROM f
+       runtime_shortfall_blocks AS reported_shortfall_blocks,
+       policy, enforcing
+FROM g
 ORDER BY run_id, seq;

@@ -147,21 +147,29 @@ WITH arrived AS (
       AND event IN ('request_admitted', 'request_deferred', 'request_preempted', 'reuse_denied')
     GROUP BY run_id, request_id
 ), preempted AS (
-    -- issue 8 item 5: what vLLM met when it preempted the request (its first preemption)
-    SELECT run_id, request_id,
-           arg_min(protected_blocks, seq) AS preempted_protected_blocks,
-           arg_min(free_blocks, seq) AS preempted_free_blocks,
-           arg_min(usable_blocks, seq) AS preempted_usable_blocks,
-           arg_min(blocking_claim_ids, seq) AS preempted_blocking_claim_ids
-    FROM kv_stage_events WHERE event = 'request_preempted' AND request_id IS NOT NULL
-    GROUP BY run_id, request_id
+    -- issue 8 item 5: what vLLM met when it preempted the request (its first preemption);
+    -- the protected blocks rebuilt from the trace (feasibility), the runtime's beside them
+    SELECT e.run_id, e.request_id,
+           arg_min(f.protected_blocks, e.seq) AS preempted_protected_blocks,
+           arg_min(e.protected_blocks, e.seq) AS runtime_preempted_protected_blocks,
+           arg_min(e.free_blocks, e.seq) AS preempted_free_blocks,
+           arg_min(e.usable_blocks, e.seq) AS preempted_usable_blocks,
+           arg_min(e.blocking_claim_ids, e.seq) AS preempted_blocking_claim_ids
+    FROM kv_stage_events e
+    LEFT JOIN feasibility f ON f.run_id = e.run_id AND f.seq = e.seq
+    WHERE e.event = 'request_preempted' AND e.request_id IS NOT NULL
+    GROUP BY e.run_id, e.request_id
 ), refused AS (
-    SELECT run_id, request_id, min(seq) AS refused_seq,
-           arg_min(blocking_claim_ids, seq) AS blocking_claim_ids,
-           arg_min(shortfall_blocks, seq) AS shortfall_blocks,
-           arg_min(reason, seq) AS refusal_reason
-    FROM kv_stage_events WHERE event = 'request_refused' AND request_id IS NOT NULL
-    GROUP BY run_id, request_id
+    -- the shortfall rebuilt from the trace (feasibility), the runtime's beside it
+    SELECT e.run_id, e.request_id, min(e.seq) AS refused_seq,
+           arg_min(e.blocking_claim_ids, e.seq) AS blocking_claim_ids,
+           arg_min(f.shortfall_blocks, e.seq) AS shortfall_blocks,
+           arg_min(e.shortfall_blocks, e.seq) AS runtime_shortfall_blocks,
+           arg_min(e.reason, e.seq) AS refusal_reason
+    FROM kv_stage_events e
+    LEFT JOIN feasibility f ON f.run_id = e.run_id AND f.seq = e.seq
+    WHERE e.event = 'request_refused' AND e.request_id IS NOT NULL
+    GROUP BY e.run_id, e.request_id
 ), finished AS (
     SELECT run_id, request_id, max(seq) AS finished_seq,
            arg_max(finish_reason, seq) AS finish_reason,
@@ -203,9 +211,9 @@ WITH arrived AS (
     SELECT run_id, request_id, arrived_seq, tenant, claim_id, num_prompt_tokens, admitted_seq,
            last_admitted_seq,
            coalesce(deferrals, 0) AS deferrals, first_deferred_seq, refused_seq,
-           blocking_claim_ids, shortfall_blocks, refusal_reason,
+           blocking_claim_ids, shortfall_blocks, runtime_shortfall_blocks, refusal_reason,
            coalesce(preemptions, 0) AS preemptions, first_preempted_seq, last_preempted_seq,
-           preempted_protected_blocks, preempted_free_blocks, preempted_usable_blocks,
+           preempted_protected_blocks, runtime_preempted_protected_blocks, preempted_free_blocks, preempted_usable_blocks,
            preempted_blocking_claim_ids, finished_seq,
            finish_reason, num_cached_tokens, num_output_tokens, reuse_denied_seq,
            coalesce(blocks_allocated, 0) AS blocks_allocated,
@@ -255,7 +263,10 @@ SELECT
                    ELSE ((a.num_prompt_tokens - 1) // r.block_size) * r.block_size END)
     END AS reconstructed_cached_tokens,
     a.num_output_tokens, a.reuse_denied_seq IS NOT NULL AS reuse_denied,
-    a.reuse_denied_seq, a.blocks_allocated, a.blocks_cached, a.blocks_hit
+    a.reuse_denied_seq, a.blocks_allocated, a.blocks_cached, a.blocks_hit,
+    -- the runtime's own figures beside the rebuilt ones (shortfall_blocks,
+    -- preempted_protected_blocks)
+    a.runtime_shortfall_blocks, a.runtime_preempted_protected_blocks
 FROM a
 JOIN kv_runs r ON r.run_id = a.run_id
 LEFT JOIN claim_refs cr ON cr.run_id = a.run_id AND cr.request_id = a.request_id

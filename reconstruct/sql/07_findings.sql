@@ -1,8 +1,135 @@
 -- Stage 6: findings. Every hole in the evidence, every disagreement between the runtime's own
 -- reports and the reconstruction, every invariant violation and every trace anomaly, each
--- with the seq numbers involved. severity: hole | disagreement | violation | security | anomaly.
+-- with the seq numbers involved. severity: hole | disagreement | violation | security | anomaly
+-- | info (the expected consequence of a policy that enforces no claim).
 -- Every finding that names a claim names its instance: (claim_id, claim_seq).
 -- NOTE: events come from kv_stage_events (05_feasibility: the non-block events, scanned once).
+
+-- Lowering (seed 004; docs/conformance.md "Lowering verdicts") -- self-contained block.
+-- One row per run and protection mode: the class the run's evidence supports, fail-closed,
+-- beside what the manifest declares (the runtime's claim, never the verdict).
+CREATE OR REPLACE TEMP TABLE kv_lowering_words AS
+SELECT * FROM (VALUES
+    /*@KV_LOWERING_CLASSES@*/
+) t(word, class, rank);
+
+CREATE OR REPLACE TABLE lowering AS
+WITH mode_ev AS (
+    SELECT f.run_id, f.protection_mode AS mode,
+           min(f.rejected_seq) FILTER (WHERE f.accepted_seq IS NULL) AS rejected_seq,
+           arg_min(f.reject_reason, f.rejected_seq) FILTER (WHERE f.accepted_seq IS NULL)
+               AS reject_reason,
+           min(f.accepted_seq) AS accepted_seq
+    FROM kv_claim_facts f
+    WHERE f.protection_mode IS NOT NULL
+    GROUP BY ALL
+), broken AS (
+    -- the mode's promise broken in the run: a loss of a claim of the mode labelled harm
+    SELECT run_id, protection_mode AS mode, min(seq) AS broken_seq,
+           count(DISTINCT claim_seq) AS n_claims
+    FROM loss_claims WHERE label = 'harm' AND protection_mode IS NOT NULL
+    GROUP BY ALL
+), pressed AS (
+    -- a claim of the mode met pressure: it protected blocks at a decision the trace shows
+    -- infeasible, it lost content after its acceptance (any label), or it was demoted/expired
+    SELECT run_id, mode, min(seq) AS pressed_seq
+    FROM (SELECT x.run_id, c.protection_mode AS mode, x.seq
+          FROM (SELECT run_id, seq, unnest(protected_claim_seqs) AS claim_seq
+                FROM feasibility WHERE NOT feasible) x
+          JOIN kv_claim_facts c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
+          UNION ALL
+          SELECT run_id, protection_mode, min(seq) FROM loss_claims
+          WHERE accepted_seq < seq GROUP BY ALL
+          UNION ALL
+          SELECT run_id, protection_mode, release_seq FROM kv_claim_facts
+          WHERE release_event IN ('claim_demoted', 'claim_expired'))
+    WHERE mode IS NOT NULL
+    GROUP BY ALL
+), derived AS (
+    SELECT r.run_id, m.mode,
+           b.broken_seq IS NOT NULL
+           AND b.broken_seq < least(coalesce(r.hook_failed_seq, b.broken_seq + 1),
+                                    coalesce(r.unknown_from_seq, b.broken_seq + 1)) AS broken,
+           b.broken_seq, b.n_claims, p.pressed_seq, e.accepted_seq, e.rejected_seq,
+           e.reject_reason, m.enforced_verdict, m.enforcement, r.enforcing, r.policy,
+           r.evidence AS run_evidence, r.has_hole, r.hook_failed_seq, r.schema_version
+    FROM kv_runs r
+    CROSS JOIN kv_modes m
+    LEFT JOIN mode_ev e ON e.run_id = r.run_id AND e.mode = m.mode
+    LEFT JOIN broken b ON b.run_id = r.run_id AND b.mode = m.mode
+    LEFT JOIN pressed p ON p.run_id = r.run_id AND p.mode = m.mode
+), classed AS (
+    -- NOTE: first match, fail-closed: a broken promise is never read as kept, and a kept one
+    -- needs pressure the run shows; native conformance is never derived from a kvclaims
+    -- trace (its claims go through hooks added to vLLM: an adapter)
+    SELECT d.*,
+           CASE
+               WHEN d.mode = 'offloadable' AND d.rejected_seq IS NOT NULL THEN 'rejected mapping'
+               WHEN d.mode = 'offloadable' AND d.accepted_seq IS NOT NULL
+                   THEN 'adapter-observational evidence'
+               WHEN d.mode = 'offloadable' AND coalesce(d.schema_version, 1) >= 2
+                   THEN 'rejected mapping'
+               WHEN d.mode = 'offloadable' THEN 'unknown evidence'
+               WHEN d.enforced_verdict = 'rejected' THEN 'rejected mapping'
+               WHEN NOT d.enforcing OR d.run_evidence = 'observed'
+                   THEN 'adapter-observational evidence'
+               WHEN d.broken THEN 'rejected mapping'
+               WHEN d.has_hole OR d.hook_failed_seq IS NOT NULL THEN 'unknown evidence'
+               WHEN d.enforced_verdict = 'recorded only' OR d.mode = 'best_effort'
+                   THEN 'adapter-observational evidence'
+               WHEN d.enforced_verdict = 'approximated' THEN 'approximation substrate'
+               WHEN d.pressed_seq IS NOT NULL THEN 'adapter-policy evidence'
+               ELSE 'unknown evidence'
+           END AS verdict
+    FROM derived d
+)
+SELECT c.run_id, c.mode, c.verdict,
+       CASE
+           WHEN c.mode = 'offloadable' AND c.rejected_seq IS NOT NULL
+               THEN format('an offloadable claim was rejected at seq {}: {}', c.rejected_seq,
+                           coalesce(c.reject_reason, '?'))
+           WHEN c.mode = 'offloadable' AND c.accepted_seq IS NOT NULL
+               THEN format('an offloadable claim was accepted at seq {}, but offload is not '
+                           'implemented: its blocks are ordinary cache entries', c.accepted_seq)
+           WHEN c.mode = 'offloadable' AND coalesce(c.schema_version, 1) >= 2
+               THEN 'the schema-2 recorder rejects offloadable at submission (offload is not '
+                    'implemented); no such claim in this run'
+           WHEN c.mode = 'offloadable' THEN 'no offloadable claim in this run, and the trace '
+                                            'predates the recorder''s rejection of the mode'
+           WHEN c.enforced_verdict = 'rejected' THEN c.enforcement
+           WHEN NOT c.enforcing OR c.run_evidence = 'observed'
+               THEN format('policy {} enforces no claim: claims are recorded and judged, never '
+                           'enforced{}', coalesce(c.policy, '(unknown)'),
+                           CASE WHEN c.broken_seq IS NOT NULL
+                                THEN format('; {} claim instance(s) harmed from seq {}',
+                                            c.n_claims, c.broken_seq) ELSE '' END)
+           WHEN c.broken
+               THEN format('policy {}: the promise was broken in this run: {} claim '
+                           'instance(s) of the mode harmed, first at seq {}', c.policy,
+                           c.n_claims, c.broken_seq)
+           WHEN c.has_hole OR c.hook_failed_seq IS NOT NULL
+               THEN format('policy {}: the run has a hole or a hook failure, so whether the '
+                           'promise was kept is not known', c.policy)
+           WHEN c.verdict = 'adapter-policy evidence'
+               THEN format('policy {}: {}; a claim of the mode met pressure at seq {} and '
+                           'nothing of it was harmed', c.policy, c.enforcement, c.pressed_seq)
+           WHEN c.verdict = 'unknown evidence'
+               THEN format('policy {}: {}; but no claim of the mode met pressure in this run',
+                           c.policy, c.enforcement)
+           ELSE format('policy {}: {}', c.policy, c.enforcement)
+       END AS evidence,
+       'evidence' AS source,
+       -- what the manifest declares (the runtime's claim): its class, NULL when it declares
+       -- none or a value outside the vocabulary (declared_in_vocabulary false)
+       w.class AS declared,
+       ml.evidence AS declared_evidence,
+       CASE WHEN ml.verdict IS NULL THEN NULL ELSE w.class IS NOT NULL END
+           AS declared_in_vocabulary,
+       c.broken_seq
+FROM classed c
+LEFT JOIN kv_manifest_lowering ml ON ml.run_id = c.run_id AND ml.mode = c.mode
+LEFT JOIN kv_lowering_words w ON w.word = lower(trim(ml.verdict))
+ORDER BY c.run_id, list_position((SELECT list(mode) FROM kv_modes), c.mode);
 
 CREATE OR REPLACE TABLE findings AS
 WITH f AS (
@@ -78,6 +205,19 @@ WITH f AS (
                       WHERE q.run_id = e.run_id AND q.claim_seq = e.claim_seq
                         AND q.from_seq <= e.seq AND (q.to_seq IS NULL OR q.to_seq > e.seq))
     UNION ALL
+    -- a claim_materialized report of a claim instance the trace does not show accepted before
+    -- it: the predicate cannot hold for it (an unknown id included)
+    SELECT e.run_id, 'materialized_reported_not_accepted', 'disagreement', e.seq, [e.seq],
+           e.claim_id, e.claim_seq, NULL, NULL,
+           format('the runtime reported claim_materialized for {} at seq {}, but the trace shows '
+                  'no accepted instance of it there', e.claim_id, e.seq)
+    FROM kv_claim_refs e
+    JOIN kv_runs r ON r.run_id = e.run_id
+    LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
+    WHERE e.event = 'claim_materialized'
+      AND e.seq < coalesce(r.unknown_from_seq, e.seq + 1)
+      AND (f.claim_seq IS NULL OR f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
+    UNION ALL
     SELECT c.run_id, 'materialization_not_reported', 'disagreement', c.materialized_seq,
            [c.materialized_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} materialized at seq {} (reconstructed) but the runtime, which '
@@ -104,19 +244,51 @@ WITH f AS (
       AND e.shortfall_blocks <> greatest(0, e.protected_blocks + e.blocks_required
                                             - coalesce(e.usable_blocks, r.usable_blocks))
     UNION ALL
-    -- feasibility rebuilt from the block timeline vs the runtime's own figures (issue 8
-    -- item 4): every disagreement is shown, both figures side by side
-    SELECT f.run_id, 'feasibility_disagreement', 'disagreement', f.seq, [f.seq], NULL, NULL,
-           f.request_id, NULL,
-           format('{} of request {} at seq {}: the trace shows protected {} + required {} '
-                  '(feasible: {}), the runtime reported protected {} + required {} '
-                  '(feasible: {}); usable {}', f.event, f.request_id, f.seq,
-                  f.protected_blocks, f.required_blocks, f.feasible,
+    -- feasibility rebuilt from the block timeline vs the runtime's own figures (issue 24
+    -- item 3) -- self-contained block: every figure that differs is a finding, both side by
+    -- side. NOTE: under a policy that enforces no claim (native, write_no_admit) the runtime
+    -- protects nothing, so a different protected figure, required figure (it takes no hit on
+    -- protected content off), shortfall, blocker list or verdict is the expected consequence
+    -- of the policy: severity info, not disagreement.
+    SELECT f.run_id, 'feasibility_disagreement',
+           CASE WHEN r.enforcing THEN 'disagreement' ELSE 'info' END, f.seq, [f.seq], NULL,
+           NULL, f.request_id, NULL,
+           format('{} of request {} at seq {}: the trace shows protected {} + live {} + '
+                  'required {} (feasible: {}), the runtime reported protected {} + required {} '
+                  '(feasible: {}); usable {}{}', f.event, f.request_id, f.seq,
+                  f.protected_blocks, f.live_blocks, f.required_blocks, f.feasible,
                   coalesce(f.runtime_protected_blocks::VARCHAR, '?'),
                   coalesce(f.runtime_required_blocks::VARCHAR, '?'),
-                  coalesce(f.runtime_feasible::VARCHAR, '?'), f.usable_blocks)
+                  coalesce(f.runtime_feasible::VARCHAR, '?'), f.usable_blocks,
+                  CASE WHEN r.enforcing THEN ''
+                       ELSE format(' (policy {} enforces no claim: expected)', r.policy) END)
     FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
     WHERE f.agrees = false AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
+    UNION ALL
+    SELECT x.run_id, 'feasibility_figure_mismatch',
+           CASE WHEN x.enforcing THEN 'disagreement' ELSE 'info' END, x.seq, [x.seq], NULL, NULL, x.request_id, NULL,
+           format('{} of request {} at seq {}: {} rebuilt from the trace {}, the runtime '
+                  'reported {}{}', x.event, x.request_id, x.seq, x.figure, x.rebuilt, x.reported,
+                  CASE WHEN x.enforcing THEN ''
+                       ELSE format(' (policy {} enforces no claim: expected)', x.policy) END)
+    FROM (SELECT f.run_id, f.seq, f.event, f.request_id, f.enforcing, f.policy, t.figure,
+                 t.rebuilt, t.reported
+          FROM feasibility f
+          JOIN kv_runs r ON r.run_id = f.run_id
+          CROSS JOIN LATERAL (VALUES
+              ('protected blocks', f.protected_blocks::VARCHAR,
+               f.runtime_protected_blocks::VARCHAR),
+              ('required', f.required_blocks::VARCHAR, f.runtime_required_blocks::VARCHAR),
+              ('shortfall', f.shortfall_blocks::VARCHAR, f.runtime_shortfall_blocks::VARCHAR),
+              ('blocking claims',
+               CASE WHEN f.event IN ('request_deferred', 'request_refused')
+                    THEN array_to_string(f.protected_claim_ids, ',') END,
+               CASE WHEN f.event IN ('request_deferred', 'request_refused')
+                    THEN array_to_string(list_sort(list_distinct(
+                             coalesce(f.blocking_claim_ids, []::VARCHAR[]))), ',') END)
+          ) t(figure, rebuilt, reported)
+          WHERE t.rebuilt IS NOT NULL AND t.reported IS NOT NULL AND t.rebuilt <> t.reported
+            AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)) x
     UNION ALL
     -- what vLLM told the client it served from cache vs the prefix hit the trace shows
     SELECT q.run_id, 'cached_tokens_mismatch', 'disagreement', q.finished_seq,
@@ -203,6 +375,71 @@ WITH f AS (
        OR f.accepted_seq IS NULL OR f.accepted_seq > x.seq OR f.release_seq < x.seq
        OR m.materialized_seq IS NULL OR m.materialized_seq > x.seq
        OR NOT f.pinned_mode
+
+    UNION ALL
+    -- a refusal or deferral is justified only when the rebuilt figures are infeasible and it
+    -- names the claims whose blocks were needed (issue 24 item 3) -- self-contained block
+    SELECT f.run_id, 'unjustified_' || f.decision, 'violation', f.seq, [f.seq], NULL, NULL,
+           f.request_id, NULL,
+           format('request {} {} at seq {} although it fit: protected {} + live {} + required '
+                  '{} <= usable {} (rebuilt from the trace)', f.request_id, f.decision, f.seq,
+                  f.protected_blocks, f.live_blocks, f.required_blocks, f.usable_blocks)
+    FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
+    WHERE f.event IN ('request_deferred', 'request_refused') AND f.feasible
+      AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
+    UNION ALL
+    SELECT x.run_id, 'refusal_names_claim_holding_no_blocks', 'violation', x.seq, [x.seq],
+           x.claim_id, x.claim_seq, x.request_id, NULL,
+           format('request {} {} at seq {} naming claim {}, which held no protected block '
+                  'there (rebuilt from the trace)', x.request_id,
+                  replace(x.event, 'request_', ''), x.seq, x.claim_id)
+    FROM kv_claim_refs x
+    JOIN feasibility f ON f.run_id = x.run_id AND f.seq = x.seq
+    JOIN kv_runs r ON r.run_id = x.run_id
+    -- NOTE: only an in-force claim of a pinning mode: the refusal_names_* kinds above say
+    -- what else is wrong with a named claim
+    JOIN kv_claim_facts c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
+    WHERE x.event IN ('request_deferred', 'request_refused')
+      AND c.pinned_mode AND c.accepted_seq < x.seq AND coalesce(c.release_seq, x.seq + 1) > x.seq
+      AND NOT list_contains(coalesce(f.protected_claim_seqs, []::BIGINT[]), x.claim_seq)
+      AND f.protected_claim_seqs IS NOT NULL
+      AND x.seq < coalesce(r.unknown_from_seq, x.seq + 1)
+
+    UNION ALL
+    -- the manifest's lowering claim vs the class the evidence supports -- self-contained block
+    SELECT l.run_id, 'lowering_value_unknown', 'disagreement', NULL::BIGINT, []::BIGINT[],
+           NULL, NULL, NULL, NULL,
+           format('the manifest declares a lowering for mode {} that is not a lowering class '
+                  '(one of: {}); the evidence gives {}', l.mode,
+                  (SELECT string_agg(class, ', ' ORDER BY rank) FROM
+                       (SELECT DISTINCT class, rank FROM kv_lowering_words)), l.verdict)
+    FROM lowering l WHERE l.declared_in_vocabulary = false
+    UNION ALL
+    SELECT l.run_id, 'lowering_claim_unsupported',
+           CASE WHEN l.verdict = 'unknown evidence' THEN 'info' ELSE 'disagreement' END,
+           l.broken_seq, [v FOR v IN [l.broken_seq] IF v IS NOT NULL], NULL, NULL, NULL, NULL,
+           format('the manifest declares {} for mode {}; the run''s evidence gives {}: {}',
+                  l.declared, l.mode, l.verdict, l.evidence)
+    FROM lowering l
+    JOIN kv_lowering_words wd ON wd.word = l.declared
+    JOIN kv_lowering_words wv ON wv.word = l.verdict
+    WHERE wd.rank < wv.rank
+    UNION ALL
+    -- chunking does not bound live KV: the runtime judged a chunked request's admission on
+    -- fewer blocks than its full prompt less hits -- self-contained block
+    SELECT f.run_id, 'chunk_counted_as_need', 'disagreement', f.seq, [f.seq], NULL, NULL,
+           f.request_id, NULL,
+           format('request {} admitted at seq {} and allocated over {} scheduler steps: the '
+                  'runtime counted {} block(s), its full prompt less hits is {}', f.request_id,
+                  f.seq, ch.n_steps, f.runtime_required_blocks, f.required_blocks)
+    FROM feasibility f
+    JOIN (SELECT run_id, request_id, count(DISTINCT step) AS n_steps
+          FROM kv_request_blocks WHERE step IS NOT NULL AND n_allocated > 0
+          GROUP BY run_id, request_id HAVING count(DISTINCT step) > 1) ch
+      ON ch.run_id = f.run_id AND ch.request_id = f.request_id
+    JOIN kv_runs r ON r.run_id = f.run_id
+    WHERE f.event = 'request_admitted' AND f.runtime_required_blocks < f.required_blocks
+      AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
 
     -- security ------------------------------------------------------------------------------
     UNION ALL

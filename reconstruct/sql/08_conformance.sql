@@ -11,8 +11,10 @@
 --   5. the check judges enforcement, was exercised, and some of its
 --      evidence, or any enforcement event of the run, lies after the first
 --      hook_failed                                                             -> unknown
---   6. the situation the check needs did not occur                              -> not_exercised
---   7. otherwise                                                                -> pass
+--   6. L3 / INV_refusal_names_protected_claim / L_feasibility: a deferral or
+--      refusal whose feasibility the trace cannot rebuild (need unknown)        -> unknown
+--   7. the situation the check needs did not occur                              -> not_exercised
+--   8. otherwise                                                                -> pass
 -- NOTE: not_exercised is never a pass: a check passes only where its situation occurred.
 -- NOTE: events come from kv_stage_events (05_feasibility: the non-block events, scanned once);
 -- block evictions from `losses` (one row per block_evicted); block_cached only for L2.
@@ -20,46 +22,18 @@
 -- The checks: id, human title, the situation each needs, whether it needs in-engine evidence
 -- (else an observed run can exercise it) and whether it judges enforcement (then what follows
 -- a hook failure is unknown to it).
--- NOTE: the one list of checks; the CLI and the dashboard read title/needs from `conformance`
--- (or this table), docs/conformance.md lists the same ids (a test checks they agree).
+-- NOTE: the one list of checks is kvclaims.reconstruct.checks.CHECKS (Python); core.stage_sql
+-- fills the marker below with it. The CLI help and docs/conformance.md come from the same list.
 CREATE OR REPLACE TEMP TABLE kv_checks AS
 SELECT * FROM (VALUES
-    (1, 'L1', 'No accepted claim, no harm',
-     'a block loss not covered by a claim accepted before it, or a claim_harmed report',
-     false, false),
-    (2, 'L2', 'Write no-admit serves the active request, yet residents are still evicted',
-     'a write_no_admit run whose reuse-denied request was served while a resident block was '
-     'lost to pressure', true, true),
-    (3, 'L3', 'A hard claim turns infeasibility into a refusal that names it, and loses nothing',
-     'an accepted hard_protected claim under an enforcing policy facing an infeasible request',
-     true, true),
-    (4, 'L4', 'Demotion strictly precedes every later loss, which is relaxation, not harm',
-     'a demoted claim instance that later lost content', true, true),
-    (5, 'L5', 'Expiry strictly precedes every later loss, which is expiry, not harm',
-     'an expired claim instance that later lost content', false, true),
-    (6, 'L6', 'Surviving block count is not the predicate',
-     'a claim_materialized report, or an accepted claim whose leading positions were never '
-     'all resident', true, true),
-    (7, 'L7', 'The reconstruction equals what the runtime reported',
-     'a runtime report: claim_harmed, claim_materialized, a refusal, or a finished request '
-     'with num_cached_tokens', true, true),
-    (8, 'INV_no_harm_without_acceptance', 'No harm without acceptance',
-     'a harm, reported or reconstructed', false, false),
-    (9, 'INV_release_precedes_loss', 'A release strictly precedes its relaxation/expiry losses',
-     'a released, demoted or expired claim', false, false),
-    (10, 'INV_refusal_names_protected_claim',
-     'Every refusal names an in-force, materialized, protected claim', 'a request_refused',
-     true, true),
-    (11, 'INV_no_protected_loss',
-     'No block of an in-force protected claim is lost under an enforcing policy',
-     'an accepted claim of a pinning mode under an enforcing policy', true, true),
-    (12, 'INV_feasible_admission', 'Every admission is feasible under an enforcing policy',
-     'an admission under an enforcing policy', true, true)
+    /*@KV_CHECKS@*/
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
 CREATE OR REPLACE TABLE conformance AS
 WITH fk AS (
-    SELECT run_id, kind, seq, claim_seq FROM findings
+    -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
+    -- no claim) fails no check
+    SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> 'info'
 ), fails AS (
     -- the finding kinds that fail each check
     SELECT * FROM (VALUES
@@ -82,7 +56,21 @@ WITH fk AS (
         ('INV_refusal_names_protected_claim', 'refusal_names_unmaterialized_claim'),
         ('INV_refusal_names_protected_claim', 'refusal_names_unprotected_claim'),
         ('INV_no_protected_loss', 'protected_block_lost'),
-        ('INV_feasible_admission', 'infeasible_admission')
+        ('INV_feasible_admission', 'infeasible_admission'),
+        -- feasibility rebuilt (issue 24 item 3) -- self-contained block
+        ('L3', 'unjustified_refused'), ('L3', 'unjustified_deferred'),
+        ('L3', 'refusal_names_claim_holding_no_blocks'),
+        ('INV_refusal_names_protected_claim', 'unjustified_refused'),
+        ('INV_refusal_names_protected_claim', 'refusal_names_claim_holding_no_blocks'),
+        ('L6', 'materialized_reported_not_accepted'),
+        ('L7', 'materialized_reported_not_accepted'),
+        ('L_feasibility', 'infeasible_admission'), ('L_feasibility', 'unjustified_refused'),
+        ('L_feasibility', 'unjustified_deferred'),
+        ('L_feasibility', 'refusal_names_claim_holding_no_blocks'),
+        ('L_feasibility', 'feasibility_disagreement'),
+        ('L_feasibility', 'feasibility_figure_mismatch'),
+        ('L_chunking', 'chunk_counted_as_need'),
+        ('L_lowering', 'lowering_claim_unsupported'), ('L_lowering', 'lowering_value_unknown')
     ) t(check_name, kind)
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
@@ -145,9 +133,12 @@ WITH fk AS (
     -- L3: an infeasible request facing an accepted hard claim in force: the runtime's own
     -- deferral/refusal naming it, or an admission/deferral the trace shows infeasible while
     -- the hard claim held protected blocks
+    -- NOTE: only where the rebuilt figures are infeasible: a refusal of a request that fit
+    -- is no conflict (it fails L3 through unjustified_refused)
     SELECT x.run_id, x.seq, x.event, c.claim_seq
     FROM kv_claim_refs x JOIN c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
-    WHERE x.event IN ('request_deferred', 'request_refused')
+    JOIN feasibility fx ON fx.run_id = x.run_id AND fx.seq = x.seq
+    WHERE x.event IN ('request_deferred', 'request_refused') AND NOT fx.feasible
       AND c.protection_mode = 'hard_protected' AND c.accepted_seq < x.seq
     UNION
     SELECT f.run_id, f.seq, f.event, c.claim_seq
@@ -183,6 +174,47 @@ WITH fk AS (
     SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
     FROM requests
     WHERE num_cached_tokens IS NOT NULL AND reconstructed_cached_tokens IS NOT NULL
+      -- NOTE: 0 reported and 0 rebuilt compares nothing: no vacuous pass
+      AND (num_cached_tokens > 0 OR reconstructed_cached_tokens > 0)
+    GROUP BY run_id
+), pinned_events AS (
+    -- INV_no_protected_loss's situation, linear: the losses and the pinning instances'
+    -- acceptances (+1) and releases (-1) in seq order; a loss with a running count > 0
+    -- happened while a pinning claim was in force
+    SELECT run_id, seq, is_loss,
+           sum(delta) OVER (PARTITION BY run_id ORDER BY seq, is_loss
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS in_force
+    FROM (SELECT run_id, seq, true AS is_loss, 0 AS delta FROM losses
+          UNION ALL
+          SELECT run_id, accepted_seq, false, 1 FROM c
+          WHERE c.pinned_mode AND c.accepted_seq IS NOT NULL
+          UNION ALL
+          SELECT run_id, release_seq, false, -1 FROM c
+          WHERE c.pinned_mode AND c.accepted_seq IS NOT NULL AND c.release_seq IS NOT NULL
+            AND c.release_seq > c.accepted_seq)
+), pinned_losses AS (
+    SELECT run_id, count(*) AS n FROM pinned_events WHERE is_loss AND in_force > 0
+    GROUP BY run_id
+), chunked AS (
+    -- L_chunking: each admitted request whose allocations span more than one scheduler step
+    SELECT b.run_id, b.request_id, count(DISTINCT b.step) AS n_steps
+    FROM kv_request_blocks b
+    WHERE b.step IS NOT NULL AND b.n_allocated > 0
+    GROUP BY b.run_id, b.request_id
+    HAVING count(DISTINCT b.step) > 1
+), chunked_adm AS (
+    SELECT f.run_id, f.seq, f.request_id, f.required_blocks, f.runtime_required_blocks,
+           ch.n_steps
+    FROM feasibility f
+    JOIN chunked ch ON ch.run_id = f.run_id AND ch.request_id = f.request_id
+    WHERE f.event = 'request_admitted'
+), unrebuilt AS (
+    -- deferrals and refusals whose feasibility the trace cannot rebuild (no prompt size, no
+    -- allocation: the need is unknown); the checks that judge them are unknown, never a
+    -- verdict taken from the runtime's figures -- self-contained block
+    SELECT run_id, list(seq ORDER BY seq) AS seqs
+    FROM feasibility
+    WHERE event IN ('request_deferred', 'request_refused') AND feasible IS NULL
     GROUP BY run_id
 ), last_enforcement AS (
     -- the last event of each run that bears on enforcement: after a hook failure, a check
@@ -351,7 +383,9 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_release_precedes_loss',
-           EXISTS (SELECT 1 FROM c WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL),
+           -- a loss of a released instance's content (before or after its release)
+           EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
+                     AND x.release_seq IS NOT NULL),
            NULL,
            (SELECT list(c.release_seq ORDER BY c.release_seq) FROM c
             WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL),
@@ -372,24 +406,66 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_no_protected_loss',
-           EXISTS (SELECT 1 FROM c WHERE c.run_id = r.run_id AND c.pinned_mode
-                     AND c.accepted_seq IS NOT NULL),
+           r.enforcing AND pl.run_id IS NOT NULL,
            NULL,
            (SELECT list(c.accepted_seq ORDER BY c.accepted_seq) FROM c
             WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL),
-           'no block of an in-force protected claim is lost under an enforcing policy',
+           format('{} block loss(es) while a pinning claim was in force; none of its blocks',
+                  pl.n),
            (SELECT list(c.claim_seq) FROM c
             WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL)
-    FROM kv_runs r
+    FROM kv_runs r LEFT JOIN pinned_losses pl ON pl.run_id = r.run_id
     UNION ALL
     SELECT r.run_id, 'INV_feasible_admission',
            r.enforcing AND EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                                     AND f.event = 'request_admitted'),
+                                     AND f.event = 'request_admitted'
+                                     AND f.protected_blocks > 0),
            NULL,
            (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
-            WHERE f.run_id = r.run_id AND f.event = 'request_admitted'),
-           'protected + required <= usable (rebuilt from the trace) at every admission under '
-           'an enforcing policy',
+            WHERE f.run_id = r.run_id AND f.event = 'request_admitted'
+              AND f.protected_blocks > 0),
+           'protected + active live <= usable (rebuilt from the trace) at every admission '
+           'under an enforcing policy while claims protected blocks',
+           NULL
+    FROM kv_runs r
+    UNION ALL
+    -- feasibility, chunking and lowering litmus (issue 24 items 3-5) -- self-contained block
+    SELECT r.run_id, 'L_feasibility',
+           r.enforcing AND EXISTS (
+               SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
+                 AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+                 AND f.protected_blocks > 0 AND f.live_blocks > 0),
+           NULL,
+           (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f WHERE f.run_id = r.run_id
+              AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+              AND f.protected_blocks > 0 AND f.live_blocks > 0),
+           (SELECT format('{} decision(s) with protected and live KV: every one judged on '
+                          'protected + active live <= usable, rebuilt, and the runtime''s '
+                          'figures agree', count(*))
+            FROM feasibility f WHERE f.run_id = r.run_id
+              AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+              AND f.protected_blocks > 0 AND f.live_blocks > 0),
+           (SELECT list(DISTINCT u.cs) FROM feasibility f, unnest(f.protected_claim_seqs) u(cs)
+            WHERE f.run_id = r.run_id AND f.protected_blocks > 0 AND f.live_blocks > 0)
+    FROM kv_runs r
+    UNION ALL
+    SELECT r.run_id, 'L_chunking',
+           EXISTS (SELECT 1 FROM chunked_adm x WHERE x.run_id = r.run_id),
+           NULL,
+           (SELECT list(x.seq ORDER BY x.seq) FROM chunked_adm x WHERE x.run_id = r.run_id),
+           (SELECT format('{} request(s) allocated over 2 or more scheduler steps: each '
+                          'admission judged on the full prompt less hits ({} block(s) in all)',
+                          count(*), sum(x.required_blocks))
+            FROM chunked_adm x WHERE x.run_id = r.run_id),
+           NULL
+    FROM kv_runs r
+    UNION ALL
+    SELECT r.run_id, 'L_lowering',
+           EXISTS (SELECT 1 FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
+           NULL, []::BIGINT[],
+           (SELECT format('{} mode(s) declared in the manifest, none contradicted by the run''s '
+                          'evidence', count(*))
+            FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
            NULL
     FROM kv_runs r
 ), judged AS (
@@ -418,7 +494,7 @@ WITH fk AS (
     JOIN kv_runs r ON r.run_id = raw.run_id
     LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
 ), decided AS (
-    SELECT j.*,
+    SELECT j.*, ub.seqs AS unrebuilt_seqs,
            format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
                   coalesce(j.hook_failed_hook, '?'), j.hook_failed_seq,
                   coalesce(j.hook_failed_error, 'unknown error')) AS hook_note,
@@ -434,10 +510,13 @@ WITH fk AS (
                     AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
                          OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
+               WHEN j.check_name IN ('L3', 'INV_refusal_names_protected_claim', 'L_feasibility')
+                    AND ub.seqs IS NOT NULL THEN 'unrebuilt'
                WHEN NOT j.exercised THEN 'not_exercised'
                ELSE 'pass'
            END AS why
     FROM judged j
+    LEFT JOIN unrebuilt ub ON ub.run_id = j.run_id
 ), evidence_claim_seqs AS (
     -- the claim instances each verdict's evidence is about, one row each
     -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
@@ -458,10 +537,12 @@ SELECT
     d.run_id, d.check_name AS "check", d.title,
     CASE d.why WHEN 'observed' THEN 'not_exercised' WHEN 'fail' THEN 'fail'
                WHEN 'fail_after_hook' THEN 'unknown' WHEN 'hole' THEN 'unknown'
-               WHEN 'after_hook' THEN 'unknown' WHEN 'not_exercised' THEN 'not_exercised'
+               WHEN 'after_hook' THEN 'unknown' WHEN 'unrebuilt' THEN 'unknown'
+               WHEN 'not_exercised' THEN 'not_exercised'
                ELSE 'pass' END AS verdict,
     CASE WHEN d.why IN ('fail', 'fail_after_hook') THEN d.all_fail_seqs
          WHEN d.why = 'after_hook' THEN [d.hook_failed_seq]
+         WHEN d.why = 'unrebuilt' THEN d.unrebuilt_seqs
          WHEN d.why IN ('observed', 'not_exercised') THEN []::BIGINT[]
          ELSE coalesce(d.pass_seqs, []::BIGINT[])
     END AS evidence_seqs,
@@ -481,6 +562,10 @@ SELECT
                                    || 'from seq ' END
                          || coalesce(d.unknown_from_seq::VARCHAR, 'its truncation')
         WHEN 'after_hook' THEN d.hook_note || '; evidence this check judges lies after it'
+        WHEN 'unrebuilt' THEN 'the trace does not show the need of the request(s) deferred or '
+                              || 'refused at the evidence seqs (no prompt size, no allocation): '
+                              || 'their feasibility cannot be rebuilt, and the runtime''s '
+                              || 'figures are not evidence'
         WHEN 'not_exercised' THEN 'not exercised: needs ' || d.needs
         ELSE coalesce(d.pass_detail, 'no violation')
              || CASE WHEN d.hook_failed_seq IS NOT NULL
@@ -493,63 +578,5 @@ FROM decided d
 LEFT JOIN evidence_claims ec ON ec.run_id = d.run_id AND ec.check_name = d.check_name
 ORDER BY d.run_id, d.ord;
 
--- What the runtime does with each protection mode (issue 8 item 3): enforced | approximated |
--- rejected | recorded only, with evidence. From the manifest's `lowering` section when it has
--- the mode (source 'manifest'); else derived (source 'policy'): the trace's own decisions on
--- that mode first (a rejection, an acceptance of a mode nothing can keep), then the run
--- policy and kvclaims/contract/policies.py's per-mode verdicts (kv_modes). Rules: docs/conformance.md
--- "Lowering".
-CREATE OR REPLACE TABLE lowering AS
-WITH mode_ev AS (
-    SELECT f.run_id, f.protection_mode AS mode,
-           min(f.rejected_seq) FILTER (WHERE f.accepted_seq IS NULL) AS rejected_seq,
-           arg_min(f.reject_reason, f.rejected_seq) FILTER (WHERE f.accepted_seq IS NULL)
-               AS reject_reason,
-           min(f.accepted_seq) AS accepted_seq
-    FROM kv_claim_facts f
-    WHERE f.protection_mode IS NOT NULL
-    GROUP BY ALL
-), derived AS (
-    SELECT r.run_id, m.mode,
-           CASE
-               -- offload to a lower tier is implemented nowhere in this runtime
-               WHEN m.mode = 'offloadable' AND e.accepted_seq IS NOT NULL THEN 'recorded only'
-               WHEN m.mode = 'offloadable' AND e.rejected_seq IS NOT NULL THEN 'rejected'
-               WHEN m.mode = 'offloadable' AND coalesce(r.schema_version, 1) >= 2 THEN 'rejected'
-               WHEN m.mode = 'offloadable' THEN 'recorded only'
-               -- a mode the recorder rejects is rejected under every policy (fail-closed)
-               WHEN m.enforced_verdict = 'rejected' THEN 'rejected'
-               WHEN NOT r.enforcing THEN 'recorded only'
-               WHEN m.enforced_verdict IS NOT NULL THEN m.enforced_verdict
-               WHEN m.mode = 'best_effort' THEN 'recorded only'
-               ELSE 'enforced'
-           END AS verdict,
-           CASE
-               WHEN m.mode = 'offloadable' AND e.accepted_seq IS NOT NULL
-                   THEN format('an offloadable claim was accepted at seq {}, but offload is not '
-                               'implemented: its blocks are ordinary cache entries',
-                               e.accepted_seq)
-               WHEN m.mode = 'offloadable' AND e.rejected_seq IS NOT NULL
-                   THEN format('an offloadable claim was rejected at seq {}: {}', e.rejected_seq,
-                               coalesce(e.reject_reason, '?'))
-               WHEN m.mode = 'offloadable' AND coalesce(r.schema_version, 1) >= 2
-                   THEN 'the schema-2 recorder rejects offloadable at submission (offload is '
-                        'not implemented); no such claim in this run'
-               WHEN m.mode = 'offloadable' THEN m.enforcement
-               WHEN m.enforced_verdict = 'rejected' THEN m.enforcement
-               WHEN NOT r.enforcing
-                   THEN format('policy {} enforces no claim: claims are recorded and judged, '
-                               'never enforced', coalesce(r.policy, '(unknown)'))
-               ELSE format('policy {}: {}', r.policy, m.enforcement)
-           END AS evidence
-    FROM kv_runs r
-    CROSS JOIN kv_modes m
-    LEFT JOIN mode_ev e ON e.run_id = r.run_id AND e.mode = m.mode
-)
-SELECT d.run_id, d.mode,
-       coalesce(ml.verdict, d.verdict) AS verdict,
-       CASE WHEN ml.verdict IS NOT NULL THEN ml.evidence ELSE d.evidence END AS evidence,
-       CASE WHEN ml.verdict IS NOT NULL THEN 'manifest' ELSE 'policy' END AS source
-FROM derived d
-LEFT JOIN kv_manifest_lowering ml ON ml.run_id = d.run_id AND ml.mode = d.mode
-ORDER BY d.run_id, list_position((SELECT list(mode) FROM kv_modes), d.mode);
+-- NOTE: the `lowering` table (one row per run and mode) is built by 07_findings.sql, before
+-- the findings that compare it with the manifest's claim.
