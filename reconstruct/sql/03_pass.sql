@@ -12,6 +12,10 @@
 -- kv_materialized (materialized instance): run_id, claim_id, claim_seq, materialized_seq
 -- kv_copies (copy overwritten without an eviction): run_id, block_id, block_hash, start_seq,
 --   end_seq, end_kind ('overwritten')
+-- kv_hit_contradictions (block_hit the timeline contradicts: the block held no copy of that
+--   hash): run_id, seq, block_id, block_hash, held_hash, request_id, step
+-- kv_release_freed (end of an instance's force): run_id, seq, claim_seq, freed_blocks (the
+--   protected blocks it gave back to the pool)
 -- kv_admission_state (admission decision or preemption): run_id, seq, request_id,
 --   protected_blocks, protected_claim_seqs, cached_blocks, evictable_blocks, held_blocks
 --

@@ -54,7 +54,11 @@ SELECT * FROM (VALUES
      'No block of an in-force protected claim is lost under an enforcing policy',
      'an accepted claim of a pinning mode under an enforcing policy', true, true),
     (12, 'INV_feasible_admission', 'Every admission is feasible under an enforcing policy',
-     'an admission under an enforcing policy', true, true)
+     'an admission under an enforcing policy', true, true),
+    -- lifecycle legitimacy (docs/design.md §2 "Ownership", §5 "Lifecycle legitimacy")
+    (13, 'INV_release_by_owner',
+     'Only the claim''s own tenant or the operator ends a claim by release',
+     'a claim_released', false, false)
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
 CREATE OR REPLACE TABLE conformance AS
@@ -82,7 +86,15 @@ WITH fk AS (
         ('INV_refusal_names_protected_claim', 'refusal_names_unmaterialized_claim'),
         ('INV_refusal_names_protected_claim', 'refusal_names_unprotected_claim'),
         ('INV_no_protected_loss', 'protected_block_lost'),
-        ('INV_feasible_admission', 'infeasible_admission')
+        ('INV_feasible_admission', 'infeasible_admission'),
+        -- lifecycle legitimacy and timeline evidence (06_findings, its own block)
+        ('L4', 'demoted_not_demotable'), ('L4', 'demotion_unjustified'),
+        ('L5', 'expired_not_expiring'), ('L5', 'expired_without_ttl'),
+        ('L5', 'expired_before_ttl'),
+        ('INV_release_by_owner', 'released_not_by_owner'),
+        ('INV_release_by_owner', 'released_by_arbiter'),
+        ('INV_release_by_owner', 'released_by_unknown'),
+        ('L7', 'hit_not_resident')
     ) t(check_name, kind)
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
@@ -391,6 +403,22 @@ WITH fk AS (
            'protected + required <= usable (rebuilt from the trace) at every admission under '
            'an enforcing policy',
            NULL
+    FROM kv_runs r
+    UNION ALL
+    -- only the owner or the operator releases (verified releases; findings fail it) ---------
+    SELECT r.run_id, 'INV_release_by_owner',
+           EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
+                     AND x.event = 'claim_released'),
+           NULL,
+           (SELECT list(x.seq ORDER BY x.seq) FROM kv_lifecycle_ends x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
+           (SELECT format('{} release(s): by the claim''s own tenant or the operator ({} '
+                          'unverified: the format records no released_by)', count(*),
+                          count(*) FILTER (WHERE NOT x.verified))
+            FROM kv_lifecycle_ends x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
+           (SELECT list(DISTINCT x.claim_seq) FROM kv_lifecycle_ends x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_released')
     FROM kv_runs r
 ), judged AS (
     SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
