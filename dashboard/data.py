@@ -49,7 +49,8 @@ LABEL_COLORS: Final[dict[str, str]] = {
 CHECKS: Final[tuple[str, ...]] = (
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "INV_no_harm_without_acceptance",
     "INV_release_precedes_loss", "INV_refusal_names_protected_claim", "INV_no_protected_loss",
-    "INV_feasible_admission", "INV_release_by_owner")
+    "INV_feasible_admission", "INV_release_by_owner", "LIT_soft_order", "LIT_thresholded_value",
+    "LIT_materialization_failure")
 #: Claim events shown on a claim's timeline (``claim_bound`` is shown as a count instead).
 LIFECYCLE_EVENTS: Final[tuple[str, ...]] = (
     "claim_submitted", "claim_accepted", "claim_rejected", "claim_materialized",

@@ -594,7 +594,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     nal = 0
     nr = np.zeros(1, dtype=np.int64)
     nw = 0
-    nx = 0
+    nhx = 0
     ny = 0
     nm = 0
     l_judged = 0
@@ -630,7 +630,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         P = _grow(P, npair, need)
         R = _grow(R, nr[0], need + 1)
         W = _grow(W, nw, 1)
-        X = _grow(X, nx, 1)
+        X = _grow(X, nhx, 1)
         Y = _grow(Y, ny, 1)
         M = _grow(M, nm, C[C_NDIRTY] + 1)
         A = _grow(A, na, 1)
@@ -660,12 +660,12 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                 cur = BS[b, B_HASH]
                 h = hash_index(hkeys, hvals, hused, hbits[i]) if hok[i] else -1
                 if cur < 0 or (h >= 0 and cur != h):
-                    X[nx, 0] = i
-                    X[nx, 1] = np.int64(hbits[i])
-                    X[nx, 2] = hok[i]
-                    X[nx, 3] = BS[b, B_LAST_HASH] if cur >= 0 else 0
-                    X[nx, 4] = cur >= 0
-                    nx += 1
+                    X[nhx, 0] = i
+                    X[nhx, 1] = np.int64(hbits[i])
+                    X[nhx, 2] = hok[i]
+                    X[nhx, 3] = BS[b, B_LAST_HASH] if cur >= 0 else 0
+                    X[nhx, 4] = cur >= 0
+                    nhx += 1
         elif e == EV_CACHED:
             b = bidx[i]
             if b >= 0:
@@ -851,8 +851,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     M[nm, 1] = s
                     nm += 1
             C[C_NDIRTY] = 0
-    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], X[:nx], Y[:ny], hkeys,
-            hvals, hused, HS)
+    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], X[:nhx], Y[:ny],
+            hkeys, hvals, hused, HS)
 
 
 @numba.njit(cache=True)

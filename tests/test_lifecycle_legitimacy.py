@@ -251,3 +251,46 @@ def test_lifecycle_rule_kinds_are_the_findings_the_sql_names() -> None:
     named = set(re.findall(r"'((?:demoted|expired|released)_[a-z_]+)'", sql))
     in_table = {k for _, _, kinds in labels.LIFECYCLE_RULES for k in kinds.split(", ")}
     assert named == in_table
+
+
+# -- 9. label-side litmus: soft order, thresholded value, materialization failure -------------
+
+def test_soft_claim_lost_while_lower_priority_content_was_evictable_fails_soft_order() -> None:
+    t = recon("soft_lower_evictable_enforced")
+    assert loss_labels(t) == ["harm"]
+    assert verdict(t, "LIT_soft_order") == "fail"
+
+
+def test_twin_soft_claim_lost_with_nothing_lower_to_evict_passes_soft_order() -> None:
+    t = recon("soft_no_lower_enforced")
+    assert loss_labels(t) == ["eviction"]
+    assert verdict(t, "LIT_soft_order") == "pass"
+
+
+def test_soft_order_is_not_exercised_where_no_policy_enforces_it() -> None:
+    assert verdict(recon("soft_lower_evictable"), "LIT_soft_order") == "not_exercised"
+
+
+def test_value_follows_the_leading_prefix_not_the_block_count() -> None:
+    # threshold 2 of 3: losing position 2 keeps the value; losing position 0 loses all of it
+    t = recon("threshold")
+    assert verdict(t, "LIT_thresholded_value") == "pass"
+    assert rows(t, "SELECT outcome, value_lost = value FROM claims") == [("harmed", True)]
+
+
+def test_twin_a_reconstruction_that_counted_surviving_blocks_fails_thresholded_value() -> None:
+    t = recon("threshold")
+    t.con.execute("UPDATE claims SET value_lost = value / 3")   # 2 of 3 blocks survive
+    for stmt in core.split_statements(core.stage_sql("07_conformance.sql")):
+        t.con.execute(stmt)
+    assert verdict(t, "LIT_thresholded_value") == "fail"
+
+
+def test_claim_never_materialized_and_reported_so_passes_materialization_failure() -> None:
+    t = recon("never_materialized")
+    assert verdict(t, "LIT_materialization_failure") == "pass"
+
+
+def test_twin_runtime_reporting_materialization_by_block_count_fails_it() -> None:
+    t = recon("l6_position_zero_reported")
+    assert verdict(t, "LIT_materialization_failure") == "fail"

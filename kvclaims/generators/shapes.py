@@ -225,7 +225,11 @@ def shape_multi_claim() -> list[dict[str, Any]]:
     b.emit("claim_accepted", claim_id="claim:b")
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id="claim:b", block_hash=h, position=i)
+    # claim:b is demoted to make room for x (6 blocks): 3 protected + 6 > 8 usable
+    b.emit("request_arrived", request_id="x", tenant="tenant-b", num_prompt_tokens=6 * 16)
     b.emit("claim_demoted", claim_id="claim:b", reason="conflict", by_request_id="x")
+    b.emit("request_admitted", request_id="x", blocks_required=6, free_blocks=5,
+           protected_blocks=3, usable_blocks=8)
     b.emit("block_evicted", block_id=3, block_hash=hashes[2], cause="allocation",
            by_request_id="x")
     b.emit("claim_harmed", claim_id="claim:a", block_hash=hashes[2])
@@ -461,11 +465,13 @@ def shape_mode_loss(mode: str) -> list[dict[str, Any]]:
     return b.finish()
 
 
-def shape_soft_loss(lower_evictable: bool) -> list[dict[str, Any]]:
+def shape_soft_loss(lower_evictable: bool, policy: str = "native") -> list[dict[str, Any]]:
     """A soft_priority claim loses a block while an unclaimed block is (``lower_evictable``:
     harm, the eviction order was broken) or is not (still held by its request: eviction)
     evictable."""
-    b = TraceBuilder("soft-lower-evictable" if lower_evictable else "soft-no-lower", usable=8)
+    name = "soft-lower-evictable" if lower_evictable else "soft-no-lower"
+    b = TraceBuilder(name if policy == "native" else f"{name}-{policy.replace('_', '-')}",
+                     policy=policy, usable=8)
     hashes = _cache(b, "r", 2, claim="claim:a", mode="soft_priority")
     for i in (2, 1):
         b.emit("block_freed", block_id=i, request_id="r")
@@ -689,6 +695,10 @@ SHAPES: Final[dict[str, Callable[[], list[dict[str, Any]]]]] = {
     "hook_failed_after": lambda: shape_hook_failed(False),
     **{f"lifecycle_{case}": (lambda case=case: shape_lifecycle(case))
        for case in LIFECYCLE_CASES},
+    "soft_lower_evictable_enforced": lambda: shape_soft_loss(True, "hard_protected"),
+    "soft_no_lower_enforced": lambda: shape_soft_loss(False, "hard_protected"),
+    "l6_position_zero_reported": lambda: l6_position_zero("l6-position-zero-reported",
+                                                          report_materialized=True),
     "demotion_needed": lambda: shape_demotion_for(True),
     "demotion_not_needed": lambda: shape_demotion_for(False),
     "phantom_hit": lambda: shape_phantom_hit(True),
