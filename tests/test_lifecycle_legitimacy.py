@@ -4,6 +4,7 @@ Fixtures: kvclaims/generators/shapes.py -> tests/fixtures/*.jsonl."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -294,3 +295,30 @@ def test_claim_never_materialized_and_reported_so_passes_materialization_failure
 def test_twin_runtime_reporting_materialization_by_block_count_fails_it() -> None:
     t = recon("l6_position_zero_reported")
     assert verdict(t, "LIT_materialization_failure") == "fail"
+
+
+# -- 10. a release in a format without released_by ---------------------------------------------
+
+def _release_without_releaser(schema_version: int) -> core.Tables:
+    """lifecycle_released_operator with released_by removed, in a run of ``schema_version``."""
+    events = [json.loads(line) for line in
+              (FIX / "lifecycle_released_operator.jsonl").read_text().splitlines()]
+    for e in events:
+        e.pop("released_by", None)
+        if e["event"] == "run_started":
+            e["schema_version"] = schema_version
+    batches = [loader.decode_batch(b) for b in events_to_table(events).to_batches()]
+    return core.reconstruct(pa.Table.from_batches(batches, schema=loader.EVENTS_SCHEMA))
+
+
+def test_schema_one_release_without_releaser_is_kept_unverified() -> None:
+    t = _release_without_releaser(1)
+    assert loss_labels(t) == ["relaxation"]
+    assert "lifecycle_unverified" in finding_kinds(t)
+
+
+def test_twin_schema_two_release_without_releaser_is_illegitimate() -> None:
+    t = _release_without_releaser(2)
+    assert loss_labels(t) == ["harm"]
+    assert "released_by_unknown" in finding_kinds(t)
+    assert verdict(t, "INV_release_by_owner") == "fail"

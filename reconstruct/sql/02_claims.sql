@@ -133,16 +133,15 @@ WITH ends AS (
     JOIN kv_runs r ON r.run_id = e.run_id
     WHERE e.event IN ('claim_demoted', 'claim_expired', 'claim_released')
 )
-SELECT *,
-       -- the format never carries the field the rule reads: the runtime's word is kept
-       CASE WHEN lifecycle_source = 'prototype'
-                 AND event IN ('claim_demoted', 'claim_expired') THEN false
-            WHEN NOT released_by_recorded AND event = 'claim_released' THEN false
-            ELSE true END AS verified,
-       broken_rule IS NULL
-       OR (lifecycle_source = 'prototype' AND event IN ('claim_demoted', 'claim_expired'))
-       OR (NOT released_by_recorded AND event = 'claim_released') AS legit
-FROM ends;
+SELECT * EXCLUDE (unreadable),
+       -- the rule held, or it broke on a field the format records: the verdict is the trace's
+       broken_rule IS NULL OR NOT unreadable AS verified,
+       -- the rule broke on a field the format never carries: the runtime's word is kept
+       broken_rule IS NULL OR unreadable AS legit
+FROM (SELECT *,
+             (lifecycle_source = 'prototype' AND event IN ('claim_demoted', 'claim_expired'))
+             OR (NOT released_by_recorded AND event = 'claim_released') AS unreadable
+      FROM ends);
 
 -- One row per claim instance, with the lifecycle end that ended its force: the first
 -- legitimate claim_demoted / claim_expired / claim_released (an illegitimate one leaves the
