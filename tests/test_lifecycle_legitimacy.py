@@ -315,6 +315,7 @@ def test_schema_one_release_without_releaser_is_kept_unverified() -> None:
     t = _release_without_releaser(1)
     assert loss_labels(t) == ["relaxation"]
     assert "lifecycle_unverified" in finding_kinds(t)
+    assert verdict(t, "INV_release_by_owner") == "not_exercised"   # nothing it can verify
 
 
 def test_twin_schema_two_release_without_releaser_is_illegitimate() -> None:

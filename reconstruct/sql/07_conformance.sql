@@ -58,8 +58,8 @@ SELECT * FROM (VALUES
     -- lifecycle legitimacy (docs/design.md §2 "Ownership", §5 "Lifecycle legitimacy")
     (13, 'INV_release_by_owner',
      'Only the claim''s own tenant or the operator ends a claim by release',
-     'a claim_released', false, false),
-    -- label-side litmus of the seeds (docs/conformance.md "Litmus"); their own block below
+     'a claim_released whose format records released_by', false, false),
+    -- label-side litmus of the seeds (docs/conformance.md, Checks); their own block below
     (14, 'LIT_soft_order',
      'A soft-priority claim loses blocks only after lower-priority content',
      'a loss of a soft_priority claim''s block (position < k) while in force, under an '
@@ -216,18 +216,21 @@ WITH fk AS (
     -- LIT_thresholded_value: a loss that broke the predicate of a materialized instance in
     -- force (value lost: the claim is harmed and loses all its value, though other blocks may
     -- survive), or one beyond the threshold that left it intact (no value lost by it)
-    SELECT l.run_id, l.seq, l.claim_seq, l.breaks_predicate AS broke,
-           CASE WHEN l.breaks_predicate
-                THEN x.outcome = 'harmed' AND x.value_lost = x.value
-                     AND x.first_harm_seq <= l.seq
-                ELSE NOT (x.outcome = 'harmed' AND x.first_harm_seq = l.seq) END AS ok
+    -- NOTE: a loss whose prefix came back before its step ended is eviction, not a break
+    SELECT l.run_id, l.seq, l.claim_seq, l.label = 'harm' AS broke,
+           coalesce(CASE WHEN l.label = 'harm'
+                         THEN x.outcome = 'harmed' AND x.value_lost = x.value
+                              AND x.first_harm_seq <= l.seq
+                         ELSE NOT (x.outcome = 'harmed' AND x.first_harm_seq = l.seq) END,
+                    false) AS ok
     FROM loss_claims l
     JOIN claims x ON x.run_id = l.run_id AND x.claim_seq = l.claim_seq
     WHERE l.materialized_seq < l.seq AND l.accepted_seq < l.seq
-      AND (l.release_seq IS NULL OR l.release_seq > l.seq) AND l.label IN ('harm', 'eviction')
+      AND (l.release_seq IS NULL OR l.release_seq > l.seq)
       AND x.protection_mode IN (SELECT mode FROM kv_modes WHERE residency)
-      AND ((l.breaks_predicate AND x.positions_bound > 1)
-           OR (NOT l.breaks_predicate AND l.position >= l.threshold_blocks))
+      AND ((l.label = 'harm' AND l.breaks_predicate AND x.positions_bound > 1)
+           OR (l.label = 'eviction' AND NOT l.breaks_predicate
+               AND l.position >= l.threshold_blocks))
 ), lit_unmat AS (
     -- LIT_materialization_failure: accepted instances whose predicate never held in force
     SELECT x.run_id, x.claim_seq, x.accepted_seq,
@@ -454,8 +457,9 @@ WITH fk AS (
     UNION ALL
     -- only the owner or the operator releases (verified releases; findings fail it) ---------
     SELECT r.run_id, 'INV_release_by_owner',
+           -- NOTE: a release the format cannot verify (no released_by) does not exercise it
            EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
-                     AND x.event = 'claim_released'),
+                     AND x.event = 'claim_released' AND x.verified),
            NULL,
            (SELECT list(x.seq ORDER BY x.seq) FROM kv_lifecycle_ends x
             WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
