@@ -11,6 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import kvclaims
+from kvclaims.explaining import explain
 from kvclaims.importers.arbiter import convert_file
 from kvclaims.importers.jsonl import events_to_table
 from kvclaims.reconstruct import core, labels, loader
@@ -178,6 +180,29 @@ def test_twin_without_the_other_tenants_submission_the_owner_outcome_is_the_same
     t = recon("claim_id_single")
     assert dict(rows(t, "SELECT tenant, outcome FROM claims")) == {"tenant-a": "released"}
     assert loss_labels(t) == ["relaxation"]
+
+
+def _timeline_seqs(fixture: str, tenant: str) -> list[int]:
+    """The seqs on ``tenant``'s claim timelines in the explanation of ``fixture``."""
+    with kvclaims.open([FIX / f"{fixture}.jsonl"]) as audit:
+        sections = explain(audit, tenant).sections
+    return [m.seq for s in sections if s.kind == "claim" for m in s.timeline]
+
+
+def test_the_other_tenants_explanation_shows_only_its_own_rejected_submission() -> None:
+    t = recon("claim_id_reuse")
+    (release,), = rows(t, "SELECT seq FROM events WHERE event = 'claim_released'")
+    subs = [s for (s,) in rows(t, "SELECT seq FROM events WHERE event IN "
+                                  "('claim_submitted', 'claim_rejected') AND tenant IS "
+                                  "DISTINCT FROM 'tenant-a' ORDER BY seq")]
+    assert _timeline_seqs("claim_id_reuse", "tenant-b") == subs[-2:]
+    assert release not in _timeline_seqs("claim_id_reuse", "tenant-b")
+
+
+def test_twin_the_owner_explanation_keeps_its_release() -> None:
+    t = recon("claim_id_reuse")
+    (release,), = rows(t, "SELECT seq FROM events WHERE event = 'claim_released'")
+    assert release in _timeline_seqs("claim_id_reuse", "tenant-a")
 
 
 def _rejections(second: dict) -> list[str]:
