@@ -2,20 +2,44 @@
 -- One row per claim event (submitted, accepted, rejected, bound, materialized, demoted,
 -- expired, released, release refused, harmed as reported by the runtime) and per loss of a
 -- block bound to the claim (from `loss_claims`, with its label). A claim instance starts at
--- its `claim_submitted`; later events with that claim_id belong to the latest instance (events
--- before any submit: from the id's first claim event). Needs `events` and `loss_claims`.
+-- its `claim_submitted`; its acceptance or rejection belongs to it; every other event with that
+-- claim_id belongs to the latest instance not rejected before it (a rejected submission, e.g.
+-- another tenant reusing an id in force, never captures the owner's events; events before any
+-- submit: from the id's first claim event). Needs `events` and `loss_claims`.
 CREATE OR REPLACE VIEW claim_timeline AS
-WITH claim_events AS (
+WITH raw AS (
     SELECT run_id, claim_id, seq, ts_ns, ts, event, position, request_id, tenant,
            protection_mode, released_by, reason, by_request_id,
-           -- NOTE: the reconstruction's claim_seq rule, as a window (portable SQL, no ASOF):
-           -- the latest submit at or before this event, else the id's first claim event
-           coalesce(max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
-                        PARTITION BY run_id, claim_id ORDER BY seq
-                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-                    min(seq) OVER (PARTITION BY run_id, claim_id)) AS claim_seq
+           -- NOTE: the reconstruction's claim_seq rule, as windows (portable SQL, no ASOF)
+           max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
+               PARTITION BY run_id, claim_id ORDER BY seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sub_seq,
+           min(seq) OVER (PARTITION BY run_id, claim_id) AS first_seq
     FROM events
     WHERE claim_id IS NOT NULL AND event LIKE 'claim_%'
+), subs AS (
+    SELECT run_id, claim_id, sub_seq,
+           min(CASE WHEN event = 'claim_rejected' THEN seq END) AS rejected_seq
+    FROM raw WHERE sub_seq IS NOT NULL
+    GROUP BY run_id, claim_id, sub_seq
+), live AS (
+    SELECT run_id, claim_id, sub_seq, rejected_seq,
+           max(CASE WHEN rejected_seq IS NULL THEN sub_seq END) OVER (
+               PARTITION BY run_id, claim_id ORDER BY sub_seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_live_seq
+    FROM subs
+), claim_events AS (
+    SELECT e.run_id, e.claim_id, e.seq, e.ts_ns, e.ts, e.event, e.position, e.request_id,
+           e.tenant, e.protection_mode, e.released_by, e.reason, e.by_request_id,
+           CASE WHEN e.sub_seq IS NULL THEN e.first_seq
+                WHEN e.event IN ('claim_submitted', 'claim_accepted', 'claim_rejected')
+                    THEN e.sub_seq
+                WHEN l.rejected_seq < e.seq AND l.prev_live_seq IS NOT NULL
+                    THEN l.prev_live_seq
+                ELSE e.sub_seq END AS claim_seq
+    FROM raw e
+    LEFT JOIN live l
+      ON l.run_id = e.run_id AND l.claim_id = e.claim_id AND l.sub_seq = e.sub_seq
 ), rows AS (
     SELECT run_id, claim_id, claim_seq, seq, ts_ns, ts, 'event' AS kind, event AS what,
            CAST(NULL AS VARCHAR) AS label, CAST(NULL AS INTEGER) AS block_id, position,

@@ -85,6 +85,28 @@ CHECKS: Final[tuple[Check, ...]] = (
           "an admission under an enforcing policy while claims protected blocks (rebuilt)",
           "infeasible_admission (protected + active live > usable, rebuilt from the trace)",
           True, True),
+    # lifecycle legitimacy (docs/design.md §2 "Ownership", §5 "Lifecycle legitimacy")
+    Check(13, "INV_release_by_owner",
+          "Only the claim's own tenant or the operator ends a claim by release",
+          "a claim_released whose format records released_by",
+          "released_not_by_owner, released_by_arbiter, released_by_unknown", False, False),
+    # the seeds' label-side litmus
+    Check(14, "LIT_soft_order",
+          "A soft-priority claim loses blocks only after lower-priority content",
+          "a loss of a soft_priority claim's block (position < k) while in force, under an "
+          "enforcing policy",
+          "such a loss labelled harm: a lower-priority evictable block (docs/design.md §3, the "
+          "one statement of the order) existed", True, True),
+    Check(15, "LIT_thresholded_value",
+          "Value counts only a leading contiguous prefix of at least the threshold",
+          "a loss of a materialized, in-force claim that broke its predicate while other bound "
+          "blocks survived, or a loss beyond its threshold that left the predicate intact",
+          "the claim's value_lost is not its whole value after a loss that broke the prefix, or "
+          "a loss that left the prefix whole is its first harm", False, False),
+    Check(16, "LIT_materialization_failure",
+          "A claim whose predicate never held is never materialized, preserved or harmed",
+          "an accepted claim whose leading prefix was never all resident while in force",
+          "such a claim harmed, preserved, or reported claim_materialized", False, False),
     Check(20, "L_feasibility", "Feasibility is the seed's inequality, rebuilt from the trace",
           "a decision (admission, deferral, refusal) under an enforcing policy while claims "
           "protected blocks and other requests held live blocks",

@@ -277,7 +277,7 @@ def _modes_table() -> pa.Table:
 
 _MANIFEST_SCHEMA: Final[pa.Schema] = pa.schema(
     [("run_id", pa.string()), ("policy", pa.string()), ("usable_blocks", pa.int32()),
-     ("truncated", pa.bool_()), ("evidence", pa.string())])
+     ("truncated", pa.bool_()), ("evidence", pa.string()), ("source_format", pa.string())])
 
 _LOWERING_SCHEMA: Final[pa.Schema] = pa.schema(
     [("run_id", pa.string()), ("mode", pa.string()), ("verdict", pa.string()),
@@ -318,7 +318,10 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
                      "truncated": rid in truncated_runs,
                      # "observed": the stock-vLLM listener (no in-engine admissions/requests)
                      "evidence": m.get("evidence") if isinstance(m.get("evidence"), str)
-                     else None})
+                     else None,
+                     # the format an import came from (kvclaims import --from ...)
+                     "source_format": m.get("source_format")
+                     if isinstance(m.get("source_format"), str) else None})
     return pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA)
 
 

@@ -119,11 +119,45 @@ def mode_class(mode: str | None) -> int:
 
 # -- the rule table ------------------------------------------------------------------------------
 
+#: The label rules of :func:`rule`, in order (the first that matches decides), as docs/design.md
+#: §5 states them word for word (tests/test_lifecycle_legitimacy.py compares the two).
+LABEL_RULES: Final[tuple[tuple[int, str, str], ...]] = (
+    (1, "the evidence has a hole at or before the loss: a `recorder_gap` (from the first seq of "
+        "the scheduler step it falls in), a seq hole, a missing head", "unknown"),
+    (2, "the instance was bound or accepted but never submitted", "unknown"),
+    (3, "the instance was not accepted before the loss (rejected, undecided, accepted later)",
+     "eviction"),
+    (4, "a legitimate `claim_expired` ended the instance's force before the loss", "expiry"),
+    (5, "a legitimate `claim_demoted` or `claim_released` ended its force before the loss",
+     "relaxation"),
+    (6, "its mode is `best_effort`", "eviction"),
+    (7, "a hook failed inside the engine before the loss (fail-open)", "unknown"),
+    (8, "its predicate never held while in force yet, or holds when judged: after the loss, or "
+        "at the end of its scheduler step where the trace has steps", "eviction"),
+    (9, "its mode is `soft_priority` and no lower-priority evictable block existed at the loss",
+     "eviction"),
+    (10, "otherwise: a residency promise (or a soft order) broken while in force", "harm"),
+)
+
+#: When a lifecycle end ends an instance's force (stage 02's ``kv_lifecycle_ends``), and the
+#: finding kinds an end that breaks the rule yields; docs/design.md §5 states the same table.
+LIFECYCLE_RULES: Final[tuple[tuple[str, str, str], ...]] = (
+    ("claim_demoted", "the instance is `demotable`", "demoted_not_demotable"),
+    ("claim_expired", "the instance is `expiring`, has a `ttl_s`, and the event's `ts_ns` >= "
+                      "its acceptance's `ts_ns` + `ttl_s` x 10^9",
+     "expired_not_expiring, expired_without_ttl, expired_before_ttl"),
+    ("claim_released", "`released_by` is `operator`, or `released_by` is `tenant` and the "
+                       "event's `tenant` is the instance's tenant",
+     "released_not_by_owner, released_by_arbiter, released_by_unknown"),
+)
+
+
 @numba.njit(cache=True)
 def rule(seq: int, unknown_from: int, submitted: bool, accepted_seq: int, release_seq: int,
          release_kind: int, mode: int, hook_seq: int, materialized_seq: int,
          predicate_at_judgement: bool, lower_priority_evictable: bool) -> int:
-    """The label of one (loss at ``seq``, claim instance) pair: the first rule that matches.
+    """The label of one (loss at ``seq``, claim instance) pair: the first rule that matches
+    (``LABEL_RULES``; ``release_seq`` is the instance's first *legitimate* end, stage 02).
 
     ``predicate_at_judgement``: the claim's predicate after the loss (traces without steps) or
     at the end of the loss's scheduler step. ``lower_priority_evictable``: at the loss, a block
@@ -562,6 +596,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     AL = np.empty(16, dtype=np.int64)
     R = np.empty((max(16, n // 16), 3), dtype=np.int64)
     W = np.empty((16, 4), dtype=np.int64)      # overwritten copies: block, hash, start, end
+    X = np.empty((16, 5), dtype=np.int64)      # hits the timeline contradicts (see EV_HIT)
+    Y = np.empty((16, 3), dtype=np.int64)      # ends of force: row, instance, blocks freed
     M = np.empty((16, 2), dtype=np.int64)      # materializations: inst, seq
     PH = np.empty(16, dtype=np.int64)          # rows of block_hit events on protected content
     nph = 0
@@ -571,6 +607,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
     nal = 0
     nr = np.zeros(1, dtype=np.int64)
     nw = 0
+    nhx = 0
+    ny = 0
     nm = 0
     l_judged = 0
     zero = np.uint64(0)
@@ -607,6 +645,8 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         P = _grow(P, npair, need)
         R = _grow(R, nr[0], need + 1)
         W = _grow(W, nw, 1)
+        X = _grow(X, nhx, 1)
+        Y = _grow(Y, ny, 1)
         M = _grow(M, nm, C[C_NDIRTY] + 1)
         A = _grow(A, na, 1)
         PH = _grow1(PH, nph, 1)
@@ -633,11 +673,31 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                 SI0 = _grow1(SI0, 0, ns0 + 1)
                 SI0[:ns0] = np.sort(prot[:ns0])   # instance order = claim_seq order
 
-        if e == EV_CACHED or e == EV_HIT:
+        if e == EV_HIT:
+            # NOTE: a hit is evidence of presence only where the timeline has that content
+            # resident in that block; a hit on a free, evicted or differently filled block
+            # contradicts the timeline: it is kept as a finding and changes no residency (it can
+            # never repair a loss), the request's reference on the block still counts
             b = bidx[i]
             if b >= 0:
-                if e == EV_HIT:
-                    _ref(b, 1, BS, HS, C)
+                _ref(b, 1, BS, HS, C)
+                cur = BS[b, B_HASH]
+                h = hash_index(hkeys, hvals, hused, hbits[i]) if hok[i] else -1
+                if cur < 0 or (h >= 0 and cur != h):
+                    X[nhx, 0] = i
+                    X[nhx, 1] = np.int64(hbits[i])
+                    X[nhx, 2] = hok[i]
+                    X[nhx, 3] = BS[b, B_LAST_HASH] if cur >= 0 else 0
+                    X[nhx, 4] = cur >= 0
+                    nhx += 1
+                elif h >= 0 and HS[h, H_RESID] > 0:
+                    # NOTE: a hit on content an in-force residency claim binds: that block is
+                    # counted as protected, so it is not the request's need (05_feasibility)
+                    PH[nph] = i
+                    nph += 1
+        elif e == EV_CACHED:
+            b = bidx[i]
+            if b >= 0:
                 cur = BS[b, B_HASH]
                 h = hash_index(hkeys, hvals, hused, hbits[i]) if hok[i] else -1
                 if cur >= 0 and cur != h:
@@ -650,11 +710,6 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     _copy(b, cur, -1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
                 if h >= 0 and cur != h:
                     _copy(b, h, 1, s, BS, HS, SL, IS, k, mode, prot, R, nr, dirty, C)
-                if e == EV_HIT and h >= 0 and HS[h, H_RESID] > 0:
-                    # NOTE: a hit on content an in-force residency claim binds: that block is
-                    # counted as protected, so it is not the request's need (05_feasibility)
-                    PH[nph] = i
-                    nph += 1
                 BS[b, B_LAST_KIND] = 1
                 BS[b, B_LAST_HASH] = np.int64(hbits[i])
                 BS[b, B_LAST_HASH_OK] = hok[i]
@@ -728,6 +783,12 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     before = C[C_PROTECTED]
                     held_before = C[C_PROTHELD]
                     _force(inst, -1, off, nsl, k, mode, SL, HS, IS, prot, C)
+                    # the protected blocks this end of force gave back to the pool (a
+                    # demotion is justified only if the request it made room for needed them)
+                    Y[ny, 0] = i
+                    Y[ny, 1] = inst
+                    Y[ny, 2] = before - C[C_PROTECTED]
+                    ny += 1
                     if step_ok[i] and run_owner >= 0:
                         # NOTE: a demotion, expiry or release inside the step comes before the
                         # decisions that follow it (the arbiter demotes to admit): the step's
@@ -824,17 +885,20 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
                     M[nm, 1] = s
                     nm += 1
             C[C_NDIRTY] = 0
-    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], PH[:nph], hkeys,
-            hvals, hused, HS)
+    return (L[:nl], P[:npair], A[:na], AL[:nal], R[:nr[0]], W[:nw], M[:nm], PH[:nph], X[:nhx],
+            Y[:ny], hkeys, hvals, hused, HS)
 
 
 @numba.njit(cache=True)
 def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarray,
-               fseq: np.ndarray) -> np.ndarray:
+               fseq: np.ndarray, rej: np.ndarray, prev_live: np.ndarray) -> np.ndarray:
     """The claim instance (row of the run's facts, in claim_seq order) of each claim event.
 
-    NOTE: the same rule as stage 02's claim_seq: a submit starts a new instance; any other
-    claim event joins the latest instance of its id, or starts one if the id has none yet."""
+    NOTE: the same rule as stage 02's claim_seq: a submit starts a new instance and its
+    acceptance belongs to it; any other claim event joins the latest instance of its id not
+    rejected before it (``rej``: the instance's rejection seq, -1 if none; ``prev_live``: the
+    latest earlier instance of the id never rejected, -1 if none), or starts one if the id has
+    none yet. A rejected submission never captures the events of the instance in force."""
     out = np.full(seq.shape[0], -1, dtype=np.int64)
     for i in range(seq.shape[0]):
         e = ev[i]
@@ -844,7 +908,11 @@ def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarra
         if e == EV_SUBMIT or cur[c] < 0:
             j = np.searchsorted(fseq, seq[i])
             cur[c] = j if j < fseq.shape[0] and fseq[j] == seq[i] else -1
-        out[i] = cur[c]
+        j = cur[c]
+        if (e != EV_SUBMIT and e != EV_ACCEPT and j >= 0 and rej[j] >= 0 and rej[j] < seq[i]
+                and prev_live[j] >= 0):
+            j = prev_live[j]
+        out[i] = j
     return out
 
 
@@ -912,6 +980,11 @@ DDL: Final[tuple[str, ...]] = (
     """CREATE OR REPLACE TEMP TABLE kv_copies (
         run_id VARCHAR, block_id INTEGER, block_hash UBIGINT, start_seq BIGINT,
         end_seq BIGINT, end_kind VARCHAR)""",
+    """CREATE OR REPLACE TEMP TABLE kv_hit_contradictions (
+        run_id VARCHAR, seq BIGINT, block_id INTEGER, block_hash UBIGINT, held_hash UBIGINT,
+        request_id VARCHAR, step BIGINT)""",
+    """CREATE OR REPLACE TEMP TABLE kv_release_freed (
+        run_id VARCHAR, seq BIGINT, claim_seq BIGINT, freed_blocks BIGINT)""",
     """CREATE OR REPLACE TEMP TABLE kv_admission_state (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR, protected_blocks BIGINT,
         protected_claim_seqs BIGINT[], cached_blocks BIGINT, evictable_blocks BIGINT,
@@ -921,10 +994,13 @@ DDL: Final[tuple[str, ...]] = (
 )
 
 _FACTS_SQL: Final[str] = """
-SELECT claim_seq, claim_id, coalesce(k, 0) AS k, n_slots, protection_mode,
-       submitted_seq IS NOT NULL AS submitted, coalesce(accepted_seq, -1) AS acc,
-       coalesce(release_seq, -1) AS rel, release_event
-FROM kv_claim_facts WHERE run_id = $rid ORDER BY claim_seq
+SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
+       f.submitted_seq IS NOT NULL AS submitted, coalesce(f.accepted_seq, -1) AS acc,
+       coalesce(f.release_seq, -1) AS rel, f.release_event,
+       coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq
+FROM kv_claim_facts f
+LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
+WHERE f.run_id = $rid ORDER BY f.claim_seq
 """
 
 _LABEL_DICT = pa.array(["", *(LABEL_NAMES[i] for i in range(1, 6))], pa.string())
@@ -981,6 +1057,13 @@ class _Run:
         self.submitted = facts.column("submitted").to_numpy(zero_copy_only=False).astype(np.int64)
         self.acc = facts.column("acc").to_numpy().astype(np.int64)
         self.rel = facts.column("rel").to_numpy().astype(np.int64)
+        # claim identity (stage 02): rejection seqs, and the instance an id's events go back to
+        self.rej = facts.column("rej").to_numpy().astype(np.int64)
+        pl = facts.column("prev_live_seq").to_numpy().astype(np.int64)
+        pj = np.searchsorted(self.fseq, pl)
+        self.prev_live = np.where((pl >= 0) & (pj < ni)
+                                  & (self.fseq[np.minimum(pj, max(ni - 1, 0))] == pl)
+                                  if ni else np.zeros(0, bool), pj, -1).astype(np.int64)
         self.relkind = np.array(
             [REL_EXPIRY if r == "claim_expired" else (REL_RELAXATION if r else REL_NONE)
              for r in facts.column("release_event").to_pylist()], dtype=np.int64)
@@ -1198,11 +1281,11 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
                        dtype=np.int64)
         ind, iok = _np(enc.indices, np.int64)
         code = np.where(iok, lut[ind], -1)
-    inst_of = _instances(seq, ev, code, run.cur, run.fseq)
+    inst_of = _instances(seq, ev, code, run.cur, run.fseq, run.rej, run.prev_live)
     bidx = run.blocks(bid, bok)
     owner = _owners(t)
     t0 = time.perf_counter()
-    L, P, A, AL, R, W, M, PH, run.hkeys, run.hvals, run.hused, run.HS = _pass(
+    L, P, A, AL, R, W, M, PH, X, Y, run.hkeys, run.hvals, run.hused, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos, owner,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.prot,
         run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
@@ -1307,6 +1390,22 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "run_id": _const(rid, PH.shape[0]),
             "seq": pa.array(seq[PH]),
             "request_id": t.column("request_id").combine_chunks().take(pa.array(PH))}))
+    if X.shape[0]:
+        xrows = pa.array(X[:, 0])
+        sink.add("kv_hit_contradictions", pa.table({
+            "run_id": _const(rid, X.shape[0]),
+            "seq": pa.array(seq[X[:, 0]]),
+            "block_id": pa.array(bid[X[:, 0]].astype(np.int32)),
+            "block_hash": _opt(X[:, 1].view(np.uint64), X[:, 2] == 1, pa.uint64()),
+            "held_hash": _opt(X[:, 3].view(np.uint64), X[:, 4] == 1, pa.uint64()),
+            "request_id": t.column("request_id").combine_chunks().take(xrows),
+            "step": _opt(step[X[:, 0]], step_ok[X[:, 0]], pa.int64())}))
+    if Y.shape[0]:
+        sink.add("kv_release_freed", pa.table({
+            "run_id": _const(rid, Y.shape[0]),
+            "seq": pa.array(seq[Y[:, 0]]),
+            "claim_seq": pa.array(run.fseq[Y[:, 1]]),
+            "freed_blocks": pa.array(Y[:, 2])}))
     if A.shape[0]:
         loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
         loff -= loff[0]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kvclaims.recorder.claims import ClaimDeclaration, Rejection, parse_claim
+from kvclaims.recorder.claims import UNUSABLE_CLAIM_ID, ClaimDeclaration, Rejection, parse_claim
 from kvclaims.contract.policies import OFFLOAD_REJECTION, Policy
 from kvclaims.contract.vocabulary import PINNING_MODES, RESIDENCY_MODES
 
@@ -138,8 +138,9 @@ class ClaimArbiter:
                           ) -> tuple[ClaimDeclaration | Rejection, int | None]:
         mode = decl.protection_mode or self.policy.default_mode
         if decl.claim_id in self.claims:
-            return Rejection(decl.claim_id, "a claim with this claim_id is already in force",
-                             {}), None
+            # NOTE: the same text as any unusable id: the reason reaches the submitting tenant
+            # and must not reveal that another tenant holds this id (docs/claims.md)
+            return Rejection(decl.claim_id, UNUSABLE_CLAIM_ID, {}), None
         if mode == "offloadable":
             # NOTE: fail-closed: accepting a promise this runtime cannot keep would hide harm.
             return Rejection(decl.claim_id, OFFLOAD_REJECTION, {}), None

@@ -32,6 +32,10 @@ _FLAT_KEYS: dict[str, str] = {
     "kv_claim_value": "value",
 }
 _FIELDS = ("claim_id", "tenant", "protection_mode", "threshold_blocks", "ttl_s", "value")
+# The one rejection reason for an id that cannot be used: malformed, or already in force.
+# NOTE: the same text for both, so a tenant cannot learn that another tenant holds an id.
+UNUSABLE_CLAIM_ID = "claim_id must be a non-empty string not in use"
+
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def parse_claim(raw: dict[str, Any], request_id: str,
     if unknown:
         return Rejection(claim_id, f"unknown claim field(s): {unknown}", raw)
     if raw.get("claim_id") != claim_id:
-        return Rejection(claim_id, "claim_id must be a non-empty string", raw)
+        return Rejection(claim_id, UNUSABLE_CLAIM_ID, raw)
     tenant = raw.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
         return Rejection(claim_id, "tenant must be a string", raw)

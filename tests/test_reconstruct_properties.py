@@ -1,7 +1,9 @@
 """Property tests: the labelling core (reconstruct/labels.py) agrees with a small, independent
 plain-Python labeler on random traces: cache/hit/evict/reset with several copies of a hash,
-request references, claim-id reuse (each submit a new instance), every protection mode,
-scheduler steps, gaps and hook failures (docs/reconstruction.md, "Labels")."""
+request references, claim-id reuse (each submit a new instance; a rejected one never captures
+the id's later events), every protection mode, lifecycle ends legitimate or not (docs/design.md
+§5 "Lifecycle legitimacy"), hits the timeline contradicts, scheduler steps, gaps (a gap's whole
+step) and hook failures (docs/design.md §5 "Label rules")."""
 
 from __future__ import annotations
 
@@ -18,38 +20,90 @@ from kvclaims.contract.vocabulary import LABEL_SEVERITY, RESIDENCY_MODES
 CLAIMS = ("c1", "c2")
 HASHES = (11, 12, 13)
 BLOCKS = (1, 2, 3, 4)
-MODES = ("best_effort", "soft_priority", "hard_protected", "demotable")
+MODES = ("best_effort", "soft_priority", "hard_protected", "demotable", "expiring")
+TENANTS = ("ta", "tb")
+TTLS = (None, 2e-06, 1.0)     # seconds: 2000 ns is two events of the generated traces
 RELEASES = ("claim_demoted", "claim_expired", "claim_released")
 
 
+def _legit(c: dict[str, Any], e: dict[str, Any]) -> bool:
+    """Whether lifecycle end ``e`` may end instance ``c``'s force (docs/design.md §5)."""
+    ev = e["event"]
+    if ev == "claim_demoted":
+        return c["mode"] == "demotable"
+    if ev == "claim_expired":
+        return (c["mode"] == "expiring" and c["ttl"] is not None and c["accepted_ts"] is not None
+                and e["ts_ns"] >= c["accepted_ts"] + round(c["ttl"] * 1e9))
+    return e.get("released_by") == "operator" or (
+        e.get("released_by") == "tenant" and e.get("tenant") is not None
+        and e.get("tenant") == c["tenant"])
+
+
 def instances(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """claim_seq -> the instance's whole-trace facts; sets e["claim_seq"] on claim events."""
+    """claim_seq -> the instance's whole-trace facts; sets e["claim_seq"] on claim events.
+
+    A submit starts an instance; its acceptance/rejection belongs to it; any other event goes to
+    the latest instance not rejected before it (else the latest earlier one never rejected)."""
     latest: dict[str, int] = {}
+    rejected: dict[int, int] = {}        # submission seq -> its first rejection seq
+    subs: dict[str, list[int]] = {}
+    for e in events:                     # first pass: the submissions and their rejections
+        if not e["event"].startswith("claim_") or e.get("claim_id") is None:
+            continue
+        cid = e["claim_id"]
+        if e["event"] == "claim_submitted":
+            latest[cid] = e["seq"]
+            subs.setdefault(cid, []).append(e["seq"])
+        elif e["event"] == "claim_rejected" and cid in latest:
+            rejected.setdefault(latest[cid], e["seq"])
+    latest = {}
     out: dict[int, dict[str, Any]] = {}
     for e in events:
         if not e["event"].startswith("claim_") or e.get("claim_id") is None:
             continue
         cid = e["claim_id"]
-        if e["event"] == "claim_submitted" or cid not in latest:
+        ev = e["event"]
+        if ev == "claim_submitted" or cid not in latest:
             latest[cid] = e["seq"]
             out[e["seq"]] = {"id": cid, "submitted": False, "mode": "hard_protected",
                              "threshold": None, "maxpos": -1, "accepted": None,
-                             "release": None}
-        c = out[latest[cid]]
-        e["claim_seq"] = latest[cid]
-        ev = e["event"]
+                             "accepted_ts": None, "release": None, "tenant": None,
+                             "ttl": None}
+        cs = latest[cid]
+        if ev not in ("claim_submitted", "claim_accepted", "claim_rejected") \
+                and rejected.get(cs, e["seq"]) < e["seq"]:
+            live = [x for x in subs.get(cid, []) if x < cs and x not in rejected]
+            cs = live[-1] if live else cs
+        c = out[cs]
+        e["claim_seq"] = cs
         if ev == "claim_submitted":
             c.update(submitted=True, mode=e.get("protection_mode") or "hard_protected",
-                     threshold=e.get("threshold_blocks"))
+                     threshold=e.get("threshold_blocks"), tenant=e.get("tenant"),
+                     ttl=e.get("ttl_s"))
         elif ev == "claim_accepted" and c["accepted"] is None:
             c["accepted"] = e["seq"]
-        elif ev in RELEASES and c["release"] is None:
+            c["accepted_ts"] = e["ts_ns"]
+        elif ev in RELEASES and c["release"] is None and _legit(c, e):
             c["release"] = (e["seq"], ev)
         elif ev == "claim_bound":
             c["maxpos"] = max(c["maxpos"], e["position"])
     for c in out.values():
         c["k"] = c["threshold"] if c["threshold"] is not None else c["maxpos"] + 1
     return out
+
+
+def unknown_from_seq(events: list[dict[str, Any]]) -> int | None:
+    """The first seq from which every loss is unknown: a gap's first dropped seq, or the first
+    seq of the scheduler step of the last event held before it."""
+    gap = min([min(e["seq"], e.get("first_seq", e["seq"]))
+               for e in events if e["event"] == "recorder_gap"], default=None)
+    if gap is None:
+        return None
+    before = [e for e in events if e["seq"] < gap]
+    step = before[-1].get("step") if before else None
+    if step is None:
+        return gap
+    return min([gap] + [e["seq"] for e in events if e.get("step") == step])
 
 
 def reference(events: list[dict[str, Any]]) -> tuple[dict, dict]:
@@ -60,8 +114,7 @@ def reference(events: list[dict[str, Any]]) -> tuple[dict, dict]:
     last: dict[int, tuple[str, int | None]] = {}
     binds: dict[int, dict[int, int]] = {cs: {} for cs in inst}   # claim_seq -> pos -> hash
     mat: dict[int, int] = {}
-    unknown_from = min([min(e["seq"], e.get("first_seq", e["seq"]))
-                        for e in events if e["event"] == "recorder_gap"], default=None)
+    unknown_from = unknown_from_seq(events)
     hook: int | None = None
     pending: list[tuple[int, int, int | None, dict[int, bool]]] = []
     losses: dict[tuple[int, int], str] = {}
@@ -129,10 +182,11 @@ def reference(events: list[dict[str, Any]]) -> tuple[dict, dict]:
 
     for i, e in enumerate(events):
         seq, ev = e["seq"], e["event"]
-        if ev in ("block_cached", "block_hit"):
+        if ev == "block_hit":
+            # presence only where the timeline has it: a contradicting hit changes no content
+            refs[e["block_id"]] = refs.get(e["block_id"], 0) + 1
+        elif ev == "block_cached":
             b, h = e["block_id"], e["block_hash"]
-            if ev == "block_hit":
-                refs[b] = refs.get(b, 0) + 1
             content[b] = h
             last[b] = (ev, h)
         elif ev == "block_allocated":
@@ -142,7 +196,7 @@ def reference(events: list[dict[str, Any]]) -> tuple[dict, dict]:
         elif ev == "block_evicted":
             b = e["block_id"]
             h = e.get("block_hash")
-            if h is None and last.get(b, ("", None))[0] in ("block_cached", "block_hit"):
+            if h is None and last.get(b, ("", None))[0] == "block_cached":
                 h = last[b][1]
             lose(seq, b, h, lower_priority_evictable(seq))
             content.pop(b, None)
@@ -175,9 +229,14 @@ block_op = st.one_of(
 )
 claim_op = st.one_of(
     st.tuples(st.just("claim_submitted"), st.sampled_from(CLAIMS),
-              st.one_of(st.none(), st.integers(1, 3)), st.sampled_from(MODES)),
-    st.tuples(st.sampled_from(["claim_accepted", "claim_rejected", *RELEASES]),
+              st.one_of(st.none(), st.integers(1, 3)), st.sampled_from(MODES),
+              st.sampled_from(TENANTS), st.sampled_from(TTLS)),
+    st.tuples(st.sampled_from(["claim_accepted", "claim_rejected", "claim_demoted",
+                               "claim_expired"]),
               st.sampled_from(CLAIMS)),
+    st.tuples(st.just("claim_released"), st.sampled_from(CLAIMS),
+              st.sampled_from(["tenant", "operator", "arbiter", None]),
+              st.sampled_from(TENANTS)),
     st.tuples(st.just("claim_bound"), st.sampled_from(CLAIMS), st.sampled_from(HASHES),
               st.integers(0, 2)),
 )
@@ -202,7 +261,8 @@ ops = st.tuples(st.one_of(st.just([]), materialized), random_ops).map(lambda t: 
 def _expand(op: tuple) -> list[tuple]:
     """Composite ops as plain ones."""
     if op[0] == "claim_all":
-        return [("claim_submitted", op[1], 2, op[2]), ("claim_accepted", op[1]),
+        ttl = 2e-06 if op[2] == "expiring" else None
+        return [("claim_submitted", op[1], 2, op[2], "ta", ttl), ("claim_accepted", op[1]),
                 ("claim_bound", op[1], HASHES[0], 0), ("claim_bound", op[1], HASHES[1], 1)]
     if op[0] == "churn":
         return [("block_evicted", op[1], op[2]), ("block_cached", op[1], op[2])]
@@ -231,9 +291,15 @@ def build(run_id: str, program: list[tuple], stepped: bool) -> list[dict[str, An
         elif name == "cache_reset":
             ev = {"event": name}
         elif name == "claim_submitted":
-            ev = {"event": name, "claim_id": op[1], "protection_mode": op[3]}
+            ev = {"event": name, "claim_id": op[1], "protection_mode": op[3], "tenant": op[4]}
             if op[2] is not None:
                 ev["threshold_blocks"] = op[2]
+            if op[5] is not None:
+                ev["ttl_s"] = op[5]
+        elif name == "claim_released":
+            ev = {"event": name, "claim_id": op[1], "tenant": op[3]}
+            if op[2] is not None:
+                ev["released_by"] = op[2]
         elif name == "claim_bound":
             ev = {"event": name, "claim_id": op[1], "block_hash": op[2], "position": op[3]}
         elif name == "recorder_gap":

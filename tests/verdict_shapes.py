@@ -50,14 +50,23 @@ def verdicts(t: core.Tables) -> dict[str, tuple[str, str]]:
 
 
 def _claim(b: TraceBuilder, hashes: list[int], *, claim: str = CLAIM, tenant: str = "tenant-a",
-           mode: str = "hard_protected", request: str = "r") -> int:
+           mode: str = "hard_protected", request: str = "r", ttl_s: float | None = None) -> int:
     """Submit, accept and bind a claim over hashes; return its submit seq (its claim_seq)."""
     seq = b.emit("claim_submitted", claim_id=claim, tenant=tenant, request_id=request,
-                 protection_mode=mode, threshold_blocks=len(hashes), value=1.0)
+                 protection_mode=mode, threshold_blocks=len(hashes), value=1.0, ttl_s=ttl_s)
     b.emit("claim_accepted", claim_id=claim)
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id=claim, block_hash=h, position=i)
     return seq
+
+
+def _demote_for(b: TraceBuilder, claim: str, need: int, request: str = "x") -> None:
+    """``claim`` is demoted to admit ``request`` of ``need`` blocks (8 usable): a justified
+    demotion when the claim's freed blocks + the rest protected + need exceed the pool."""
+    b.emit("request_arrived", request_id=request, tenant="tenant-b", num_prompt_tokens=need * 16)
+    b.emit("claim_demoted", claim_id=claim, reason="conflict", by_request_id=request)
+    b.emit("request_admitted", request_id=request, blocks_required=need, free_blocks=8 - need,
+           protected_blocks=0, usable_blocks=8)
 
 
 # -- claim instances and ownership -------------------------------------------------------------
@@ -76,14 +85,17 @@ def reused_after_release(*, second_submit: bool = True, end: str = "claim_releas
                protection_mode="expiring", threshold_blocks=2, value=1.0)
         b.emit("claim_rejected", claim_id=CLAIM, reason="expiring needs ttl_s", request_id="r")
     else:
-        _claim(b, hashes, mode="best_effort")
+        # the mode the end needs to be legitimate (docs/design.md §5)
+        _claim(b, hashes, mode={"claim_demoted": "demotable", "claim_expired": "expiring"}.get(
+            end, "best_effort"), ttl_s=1.0 if end == "claim_expired" else None)
     if end == "claim_released":
         b.emit("claim_released", claim_id=CLAIM, reason="client released", released_by="tenant",
                request_id="r", tenant="tenant-a")
     elif end == "claim_expired":
+        b.advance(1_000_000_000)
         b.emit("claim_expired", claim_id=CLAIM, reason="ttl_s elapsed")
     elif end == "claim_demoted":
-        b.emit("claim_demoted", claim_id=CLAIM, reason="conflict", by_request_id="x")
+        _demote_for(b, CLAIM, 7)
     if second_submit:
         _claim(b, hashes, mode="demotable")
     b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
@@ -97,7 +109,7 @@ def released_by(who: str | None) -> Events:
     hashes = _cache(b, "r", 2)
     _claim(b, hashes, mode="demotable")
     if who is None:
-        b.emit("claim_demoted", claim_id=CLAIM, reason="conflict", by_request_id="x")
+        _demote_for(b, CLAIM, 7)
     else:
         b.emit("claim_released", claim_id=CLAIM, reason="released", released_by=who,
                request_id="r" if who == "tenant" else None,
@@ -197,7 +209,7 @@ def demoted_beside_released() -> Events:
     rel = _cache(b, "u", 3, first_block=3)
     _claim(b, dem, claim="claim:demoted", mode="demotable", request="d")
     _claim(b, rel, claim="claim:released", mode="demotable", request="u")
-    b.emit("claim_demoted", claim_id="claim:demoted", reason="conflict", by_request_id="x")
+    _demote_for(b, "claim:demoted", 4)   # 3 still protected + 2 freed + 4 > 8
     b.emit("claim_released", claim_id="claim:released", reason="done", released_by="operator")
     for bid, h in [(1, dem[0]), (2, dem[1]), (3, rel[0]), (4, rel[1]), (5, rel[2])]:
         b.emit("block_evicted", block_id=bid, block_hash=h, cause="allocation",
@@ -210,7 +222,7 @@ def demoted_without_loss() -> Events:
     b = TraceBuilder("demoted-no-loss", policy="demote_on_conflict", usable=8)
     hashes = _cache(b, "d", 2)
     _claim(b, hashes, mode="demotable", request="d")
-    b.emit("claim_demoted", claim_id=CLAIM, reason="conflict", by_request_id="x")
+    _demote_for(b, CLAIM, 7)
     return b.finish()
 
 

@@ -82,6 +82,7 @@ NOT_EXERCISED: Final[dict[str, str]] = {
     "L4": "nothing demotes an observed claim: no arbiter runs beside a stock engine",
     "L_feasibility": "no admission decisions observed",
     "L_chunking": "no scheduler steps or allocations observed",
+    "LIT_soft_order": "nothing orders evictions by claim priority beside a stock engine",
 }
 # What the evidence cannot tell; the columns stay NULL (or 'unknown'), never guessed.
 OBSERVED_LIMITS: Final[tuple[str, ...]] = (

@@ -225,7 +225,11 @@ def shape_multi_claim() -> list[dict[str, Any]]:
     b.emit("claim_accepted", claim_id="claim:b")
     for i, h in enumerate(hashes):
         b.emit("claim_bound", claim_id="claim:b", block_hash=h, position=i)
+    # claim:b is demoted to make room for x (6 blocks): 3 protected + 6 > 8 usable
+    b.emit("request_arrived", request_id="x", tenant="tenant-b", num_prompt_tokens=6 * 16)
     b.emit("claim_demoted", claim_id="claim:b", reason="conflict", by_request_id="x")
+    b.emit("request_admitted", request_id="x", blocks_required=6, free_blocks=5,
+           protected_blocks=3, usable_blocks=8)
     b.emit("block_evicted", block_id=3, block_hash=hashes[2], cause="allocation",
            by_request_id="x")
     b.emit("claim_harmed", claim_id="claim:a", block_hash=hashes[2])
@@ -344,7 +348,8 @@ def shape_released() -> list[dict[str, Any]]:
     """An explicit claim_released, then a loss: relaxation."""
     b = TraceBuilder("released", usable=8)
     hashes = _cache(b, "r", 2, claim="claim:a")
-    b.emit("claim_released", claim_id="claim:a", reason="client released")
+    b.emit("claim_released", claim_id="claim:a", reason="client released",
+           released_by="tenant", request_id="r", tenant="tenant-a")
     b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation")
     return b.finish()
 
@@ -375,13 +380,16 @@ def shape_preempted() -> list[dict[str, Any]]:
 def shape_reuse(end: str, again: bool = True) -> list[dict[str, Any]]:
     """claim:a ends (``end``: released | expired | demoted | rejected), then, with ``again``,
     the same id is declared again over the same content and block 2 is lost: the loss harms
-    the second instance (the first one's row is relaxation/expiry)."""
+    the second instance (the first one's row is relaxation/expiry). The first instance's mode is
+    the one its end needs to be legitimate (docs/design.md §5): demotable, expiring (ttl 1 s)."""
     b = TraceBuilder(f"reuse-{end}" + ("" if again else "-once"), usable=8)
     hashes = [block_hash("r", i) for i in range(2)]
+    mode = {"demoted": "demotable", "expired": "expiring"}.get(end, "hard_protected")
     b.emit("request_arrived", request_id="r", tenant="tenant-a", num_prompt_tokens=32,
            claim_id="claim:a")
     b.emit("claim_submitted", claim_id="claim:a", tenant="tenant-a", request_id="r",
-           protection_mode="hard_protected", threshold_blocks=2, value=1.0)
+           protection_mode=mode, threshold_blocks=2, value=1.0,
+           ttl_s=1.0 if end == "expired" else None)
     if end == "rejected":
         b.emit("claim_rejected", claim_id="claim:a", reason="over the tenant's limit",
                request_id="r")
@@ -402,6 +410,7 @@ def shape_reuse(end: str, again: bool = True) -> list[dict[str, Any]]:
         b.emit("claim_released", claim_id="claim:a", reason="client released",
                released_by="tenant", request_id="r", tenant="tenant-a")
     elif end == "expired":
+        b.advance(1_000_000_000)
         b.emit("claim_expired", claim_id="claim:a", reason="ttl_s elapsed")
     elif end == "demoted":
         b.emit("claim_demoted", claim_id="claim:a", reason="conflict", by_request_id="x")
@@ -456,11 +465,13 @@ def shape_mode_loss(mode: str) -> list[dict[str, Any]]:
     return b.finish()
 
 
-def shape_soft_loss(lower_evictable: bool) -> list[dict[str, Any]]:
+def shape_soft_loss(lower_evictable: bool, policy: str = "native") -> list[dict[str, Any]]:
     """A soft_priority claim loses a block while an unclaimed block is (``lower_evictable``:
     harm, the eviction order was broken) or is not (still held by its request: eviction)
     evictable."""
-    b = TraceBuilder("soft-lower-evictable" if lower_evictable else "soft-no-lower", usable=8)
+    name = "soft-lower-evictable" if lower_evictable else "soft-no-lower"
+    b = TraceBuilder(name if policy == "native" else f"{name}-{policy.replace('_', '-')}",
+                     policy=policy, usable=8)
     hashes = _cache(b, "r", 2, claim="claim:a", mode="soft_priority")
     for i in (2, 1):
         b.emit("block_freed", block_id=i, request_id="r")
@@ -490,6 +501,154 @@ def shape_hook_failed(before_loss: bool) -> list[dict[str, Any]]:
            by_request_id="x")
     if not before_loss:
         b.emit("hook_failed", hook="schedule", error_type="RuntimeError")
+    return b.finish()
+
+
+# -- lifecycle legitimacy and timeline evidence (docs/design.md §5), each with its twin --------
+
+# name -> (protection mode, ttl_s, the end event and its fields, seconds before the end)
+LIFECYCLE_CASES: Final[dict[str, tuple[str, float | None, str, dict[str, Any], float]]] = {
+    "demoted_hard": ("hard_protected", None, "claim_demoted", {"by_request_id": "x"}, 0.0),
+    "demoted_demotable": ("demotable", None, "claim_demoted", {"by_request_id": "x"}, 0.0),
+    "expired_hard": ("hard_protected", 1.0, "claim_expired", {}, 2.0),
+    "expired_no_ttl": ("expiring", None, "claim_expired", {}, 2.0),
+    "expired_early": ("expiring", 5.0, "claim_expired", {}, 2.0),
+    "expired_on_time": ("expiring", 1.0, "claim_expired", {}, 2.0),
+    "released_other_tenant": ("hard_protected", None, "claim_released",
+                              {"released_by": "tenant", "tenant": "tenant-b",
+                               "request_id": "b1"}, 0.0),
+    "released_own_tenant": ("hard_protected", None, "claim_released",
+                            {"released_by": "tenant", "tenant": "tenant-a",
+                             "request_id": "a2"}, 0.0),
+    "released_operator": ("hard_protected", None, "claim_released",
+                          {"released_by": "operator"}, 0.0),
+    "released_arbiter": ("hard_protected", None, "claim_released",
+                         {"released_by": "arbiter"}, 0.0),
+}
+
+
+def _claimed_pair(b: TraceBuilder, mode: str, ttl_s: float | None,
+                  tenant: str = "tenant-a", request: str = "r") -> list[int]:
+    """``request`` of ``tenant`` caches 2 blocks (ids 1, 2) under claim:a (``mode``), then
+    frees them: an accepted, materialized claim whose blocks are evictable."""
+    hashes = [block_hash(request, i) for i in range(2)]
+    b.emit("request_arrived", request_id=request, tenant=tenant, num_prompt_tokens=32,
+           claim_id="claim:a")
+    b.emit("claim_submitted", claim_id="claim:a", tenant=tenant, request_id=request,
+           protection_mode=mode, threshold_blocks=2, ttl_s=ttl_s, value=1.0)
+    b.emit("claim_accepted", claim_id="claim:a")
+    for i, h in enumerate(hashes):
+        b.emit("claim_bound", claim_id="claim:a", block_hash=h, position=i)
+    b.emit("request_admitted", request_id=request, blocks_required=2, free_blocks=8,
+           protected_blocks=0, usable_blocks=8)
+    for i, h in enumerate(hashes):
+        b.emit("block_allocated", block_id=i + 1, request_id=request)
+        b.emit("block_cached", block_id=i + 1, block_hash=h, position=i, request_id=request)
+    b.emit("claim_materialized", claim_id="claim:a")
+    b.emit("request_finished", request_id=request, finish_reason="stop", num_cached_tokens=0,
+           num_output_tokens=1)
+    for i in (2, 1):
+        b.emit("block_freed", block_id=i, request_id=request)
+    return hashes
+
+
+def shape_lifecycle(case: str) -> list[dict[str, Any]]:
+    """claim:a (tenant-a, native policy) ends by the event of ``LIFECYCLE_CASES[case]``, then
+    block 2 is lost: relaxation/expiry where the contract allows that end, harm otherwise."""
+    mode, ttl_s, event, fields, wait_s = LIFECYCLE_CASES[case]
+    b = TraceBuilder(f"lifecycle-{case.replace('_', '-')}", usable=8)
+    hashes = _claimed_pair(b, mode, ttl_s)
+    b.advance(int(wait_s * 1e9))
+    b.emit(event, claim_id="claim:a", reason=f"{event} ({case})", **fields)
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
+    return b.finish()
+
+
+def shape_demotion_for(needed: bool) -> list[dict[str, Any]]:
+    """Under demote_on_conflict a demotable 2-block claim is demoted for request ``x`` of
+    ``7 if needed else 3`` blocks in an 8-block pool: with the claim's 2 protected blocks back,
+    7 + 2 > 8 (the demotion made room: justified) or 3 + 2 <= 8 (it did not: unjustified)."""
+    b = TraceBuilder("demotion-" + ("needed" if needed else "not-needed"),
+                     policy="demote_on_conflict", usable=8)
+    hashes = _claimed_pair(b, "demotable", None)
+    need = 7 if needed else 3
+    b.emit("request_arrived", request_id="x", tenant="tenant-b", num_prompt_tokens=need * 16)
+    b.emit("claim_demoted", claim_id="claim:a", reason="conflict with request x",
+           by_request_id="x")
+    b.emit("request_admitted", request_id="x", blocks_required=need, free_blocks=6,
+           protected_blocks=0, usable_blocks=8)
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
+    return b.finish()
+
+
+def shape_phantom_hit(phantom: bool) -> list[dict[str, Any]]:
+    """A claimed block is evicted in step 2; in the same step the content comes "back": by a
+    block_hit on the evicted, empty block (``phantom``: the timeline contradicts it, the loss
+    stays harm) or by a block_cached into another block (a real repair: eviction)."""
+    b = TraceBuilder("phantom-hit" if phantom else "real-repair", usable=8)
+    b.step = 1
+    hashes = _claimed_pair(b, "hard_protected", None)
+    b.step = 2
+    b.emit("request_arrived", request_id="p", tenant="tenant-a", num_prompt_tokens=32)
+    b.emit("request_admitted", request_id="p", blocks_required=0, free_blocks=6,
+           protected_blocks=0, usable_blocks=8)
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="p")
+    if phantom:
+        b.emit("block_hit", block_id=2, block_hash=hashes[1], position=1, request_id="p")
+    else:
+        b.emit("block_allocated", block_id=3, request_id="p")
+        b.emit("block_cached", block_id=3, block_hash=hashes[1], position=1, request_id="p")
+    b.step = 3
+    b.emit("request_finished", request_id="p", finish_reason="stop", num_cached_tokens=32,
+           num_output_tokens=1)
+    b.step = None
+    return b.finish()
+
+
+def shape_gap_in_step(same_step: bool) -> list[dict[str, Any]]:
+    """A claimed block is lost in step 2, and the recorder drops events (a recorder_gap) in
+    that same step (``same_step``: they could hold the repair: unknown) or only in step 3 (the
+    loss stays harm)."""
+    b = TraceBuilder("gap-in-step" if same_step else "gap-next-step", usable=8)
+    b.step = 1
+    hashes = _claimed_pair(b, "hard_protected", None)
+    b.step = 2
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="p")
+    if not same_step:
+        b.step = 3
+        b.emit("request_arrived", request_id="q", tenant="tenant-a", num_prompt_tokens=16)
+    first = len(b.events)  # seqs first, first+1 are dropped
+    b.events.append({"run_id": b.run_id, "seq": first + 2, "ts_ns": b.ts + 3000,
+                     "event": "recorder_gap", "first_seq": first, "last_seq": first + 1,
+                     "events_dropped": 2, "reason": "buffer_full"})
+    b.ts += 3000
+    b.events.append({"run_id": b.run_id, "seq": first + 3, "ts_ns": b.ts + 1000,
+                     "event": "run_finished", "events_written": first + 2,
+                     "events_dropped": 2})
+    return b.events
+
+
+def shape_claim_id_reuse(other_tenant: bool) -> list[dict[str, Any]]:
+    """tenant-a's claim:a is in force; with ``other_tenant`` tenant-b submits the same id (the
+    runtime rejects it), then tenant-a releases its claim and block 2 is lost: the release and
+    the loss belong to tenant-a's instance (relaxation), never to tenant-b's rejected one."""
+    b = TraceBuilder("claim-id-reuse" if other_tenant else "claim-id-single", usable=8)
+    hashes = _claimed_pair(b, "hard_protected", None)
+    if other_tenant:
+        b.emit("request_arrived", request_id="b1", tenant="tenant-b", num_prompt_tokens=32,
+               claim_id="claim:a")
+        b.emit("claim_submitted", claim_id="claim:a", tenant="tenant-b", request_id="b1",
+               protection_mode="hard_protected", threshold_blocks=2, value=1.0)
+        b.emit("claim_rejected", claim_id="claim:a", request_id="b1",
+               reason="claim_id must be a non-empty string not in use")
+    b.emit("claim_released", claim_id="claim:a", reason="client released",
+           released_by="tenant", request_id="a2", tenant="tenant-a")
+    b.emit("block_evicted", block_id=2, block_hash=hashes[1], cause="allocation",
+           by_request_id="x")
     return b.finish()
 
 
@@ -534,6 +693,20 @@ SHAPES: Final[dict[str, Callable[[], list[dict[str, Any]]]]] = {
     "soft_no_lower": lambda: shape_soft_loss(False),
     "hook_failed_before": lambda: shape_hook_failed(True),
     "hook_failed_after": lambda: shape_hook_failed(False),
+    **{f"lifecycle_{case}": (lambda case=case: shape_lifecycle(case))
+       for case in LIFECYCLE_CASES},
+    "soft_lower_evictable_enforced": lambda: shape_soft_loss(True, "hard_protected"),
+    "soft_no_lower_enforced": lambda: shape_soft_loss(False, "hard_protected"),
+    "l6_position_zero_reported": lambda: l6_position_zero("l6-position-zero-reported",
+                                                          report_materialized=True),
+    "demotion_needed": lambda: shape_demotion_for(True),
+    "demotion_not_needed": lambda: shape_demotion_for(False),
+    "phantom_hit": lambda: shape_phantom_hit(True),
+    "real_repair": lambda: shape_phantom_hit(False),
+    "gap_in_step": lambda: shape_gap_in_step(True),
+    "gap_next_step": lambda: shape_gap_in_step(False),
+    "claim_id_reuse": lambda: shape_claim_id_reuse(True),
+    "claim_id_single": lambda: shape_claim_id_reuse(False),
 }
 
 

@@ -13,9 +13,11 @@ Two shapes (``SHAPES``):
 - ``dense``: every other request claims its whole prompt; the first half of each prompt is a
   chain shared by the requests of a family (``families`` families; a chain lives for
   ``generation`` rounds, so about that many claims bind each shared hash, and a hash has several
-  copies); modes cycle through best_effort, soft_priority, hard_protected, demotable, expiring;
-  lifecycle ends cycle through released, demoted, expired and none (in force: harm); claim ids
-  are reused (a new instance each time); a 2000-block pool and resets.
+  copies); lifecycle ends cycle through released, demoted, expired and none (in force: harm);
+  modes cycle through best_effort, soft_priority, hard_protected, demotable, expiring, except
+  that a demoted claim is demotable and an expired one expiring (ttl 1 us), so every end is
+  legitimate (docs/design.md §5); releases are the operator's; claim ids are reused (a new
+  instance each time); a 2000-block pool and resets.
 """
 
 from __future__ import annotations
@@ -111,7 +113,11 @@ def chunk_batch(r0: int, r1: int, n: int, pool: int, seq0: int, run_id: str,
     ci = rq // shape.claim_every                       # claim ordinal
     if shape.dense:
         end = np.asarray(ENDS)[ci % len(ENDS)]
-        mode = ci % len(MODES)
+        # NOTE: a demotion or an expiry ends force only for the mode that allows it
+        # (docs/design.md §5 "Lifecycle legitimacy"): those claims take that mode
+        mode = np.where(end == E["claim_demoted"], MODES.index("demotable"),
+                        np.where(end == E["claim_expired"], MODES.index("expiring"),
+                                 ci % len(MODES)))
     else:
         end = np.where(ci % 2 == 0, E["claim_released"], -1)
         mode = np.full((R, T), MODES.index("hard_protected"))
@@ -167,7 +173,10 @@ def chunk_batch(r0: int, r1: int, n: int, pool: int, seq0: int, run_id: str,
         "claim_id": _dict(claim_codes, claim_names, mask=~has_claim),
         "protection_mode": _dict(mode, MODES, mask=~is_sub),
         "threshold_blocks": pa.array(np.full(m, n, np.int32), mask=~is_sub),
-        "ttl_s": pa.array(np.ones(m), mask=~(is_sub & (mode == MODES.index("expiring")))),
+        # NOTE: 1 us: the expiry slot comes 3n+ events (1 us each) after the acceptance
+        "ttl_s": pa.array(np.full(m, 1e-6), mask=~(is_sub & (mode == MODES.index("expiring")))),
+        # a release is the operator's (docs/design.md §2 "Ownership")
+        "released_by": _dict(np.zeros(m), ["operator"], mask=~(ev == E["claim_released"])),
         "value": pa.array(np.ones(m), mask=~is_sub),
         "block_id": pa.array(block_id.astype(np.int32), mask=~has_block),
         "block_hash": pa.array(block_hash, mask=~has_hash),

@@ -13,6 +13,8 @@ SELECT
     arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
     arg_min(block_size, seq) FILTER (WHERE event = 'run_started') AS block_size,
     arg_min(schema_version, seq) FILTER (WHERE event = 'run_started') AS schema_version,
+    arg_min(runtime, seq) FILTER (WHERE event = 'run_started') AS started_runtime,
+    arg_min(recorder_version, seq) FILTER (WHERE event = 'run_started') AS started_recorder,
     -- fail-open marks: enforcement from the first hook failure on is unknown (docs/conformance.md)
     min(seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_seq,
     arg_min(hook, seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_hook,
@@ -39,6 +41,22 @@ FROM (
 WHERE seq > prev + 1
 GROUP BY run_id;
 
+-- A gap inside a scheduler step: the dropped events may belong to the step of the last event
+-- held before the gap, and may hold its repair (a block cached again before the step ended).
+-- Every loss of that step is therefore unknown too: the hole starts at the step's first seq.
+-- NOTE: only runs with a gap pay for this (the held events just before it).
+CREATE OR REPLACE TEMP TABLE kv_gap_steps AS
+WITH before_gap AS (
+    SELECT e.run_id, arg_max_null(e.step, e.seq) AS step
+    FROM events e JOIN kv_ev_runs r ON r.run_id = e.run_id
+    WHERE r.gap_seq IS NOT NULL AND e.seq < r.gap_seq
+    GROUP BY e.run_id
+)
+SELECT b.run_id, min(e.seq) AS step_first_seq
+FROM before_gap b
+JOIN events e ON e.run_id = b.run_id AND e.step = b.step
+GROUP BY b.run_id;
+
 CREATE OR REPLACE TEMP TABLE kv_runs AS
 SELECT
     r.run_id, r.first_seq, r.first_event, r.last_seq, r.n_events, r.n_gaps, r.finished,
@@ -48,6 +66,21 @@ SELECT
     -- 'observed': the stock-vLLM listener (claims declared beside the engine, no in-engine
     -- requests or admissions); 'in_engine' otherwise (our recorder, imports, fixtures)
     CASE WHEN m.evidence = 'observed' THEN 'observed' ELSE 'in_engine' END AS evidence,
+    -- The format the run's lifecycle events come from (docs/design.md §5 "Lifecycle
+    -- legitimacy"): 'prototype' for the paper prototype's telemetry (kvclaims import --from
+    -- arbiter-jsonl: manifest source_format, or the importer's run_started), whose format
+    -- records no ttl_s and no released_by; 'kvclaims' otherwise (our recorder, JSON Lines).
+    CASE WHEN coalesce(m.source_format = 'arbiter-jsonl'
+                       OR r.started_runtime = 'vllm-arbiter-prototype'
+                       OR r.started_recorder LIKE 'arbiter-import-%', false) THEN 'prototype'
+         ELSE 'kvclaims' END AS lifecycle_source,
+    -- NOTE: released_by exists from schema 2 on (loader.COLUMN_SINCE); a run that states no
+    -- schema version is read as the current one
+    coalesce(r.schema_version, 2) >= 2
+        AND NOT coalesce(m.source_format = 'arbiter-jsonl'
+                         OR r.started_runtime = 'vllm-arbiter-prototype'
+                         OR r.started_recorder LIKE 'arbiter-import-%', false)
+        AS released_by_recorded,
     coalesce(r.started_policy, m.policy) AS policy,
     coalesce(r.started_usable, m.usable_blocks) AS usable_blocks,
     coalesce(m.truncated, false) AS truncated,
@@ -56,7 +89,7 @@ SELECT
     -- run whose head is missing may have lost the claims its losses depend on
     (r.first_seq > 0 OR r.first_event <> 'run_started') AS head_missing,
     -- Every loss at or after this seq is `unknown` (docs/design.md: never guess after a hole).
-    least(r.gap_seq, h.hole_seq,
+    least(r.gap_seq, g.step_first_seq, h.hole_seq,
           CASE WHEN r.first_seq > 0 OR r.first_event <> 'run_started' THEN r.first_seq END)
         AS unknown_from_seq,
     -- Whether anything after the last event we hold could still change an outcome.
@@ -65,4 +98,5 @@ SELECT
 FROM kv_ev_runs r
 LEFT JOIN kv_manifest m USING (run_id)
 LEFT JOIN kv_holes h USING (run_id)
+LEFT JOIN kv_gap_steps g USING (run_id)
 LEFT JOIN kv_policies p ON p.policy = coalesce(r.started_policy, m.policy);

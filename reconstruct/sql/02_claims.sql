@@ -1,22 +1,51 @@
--- Stage 2: claim instances and their lifecycle facts (docs/reconstruction.md, "Claim instances").
--- NOTE: every claim_submitted starts a new instance of its claim_id; every later event with that
--- id belongs to the latest instance. claim_seq (the instance's key, next to claim_id) is the seq
--- of its claim_submitted, or, for events of an id before any submit (imports, broken traces),
--- the seq of the first event with that id. Joins use (run_id, claim_seq).
+-- Stage 2: claim instances and their lifecycle facts (docs/design.md §2 "Claim instances",
+-- §5 "Lifecycle legitimacy"; docs/reconstruction.md "Claim instances").
+-- NOTE: claim identity is (run_id, tenant, claim_id, instance): every claim_submitted starts a
+-- new instance of its claim_id, keyed by claim_seq (the seq of its claim_submitted, or, for
+-- events of an id before any submit (imports, broken traces), the seq of the first event with
+-- that id). The decision that follows a submission (claim_accepted, claim_rejected) belongs to
+-- it. Every other event of the id belongs to the latest submission not rejected before it: a
+-- rejected submission (e.g. another tenant reusing an id in force) never becomes the instance
+-- later events refer to; they stay with the instance that owns the id. Joins use
+-- (run_id, claim_seq). reconstruct/labels.py `_instances` applies the same rule.
 
-CREATE OR REPLACE TEMP TABLE kv_claim_ev AS
+CREATE OR REPLACE TEMP TABLE kv_claim_raw AS
 SELECT run_id, seq, ts_ns, step, event, claim_id,
-       coalesce(max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
-                    PARTITION BY run_id, claim_id ORDER BY seq
-                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-                min(seq) OVER (PARTITION BY run_id, claim_id)) AS claim_seq,
+       max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
+           PARTITION BY run_id, claim_id ORDER BY seq
+           ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sub_seq,
+       min(seq) OVER (PARTITION BY run_id, claim_id) AS first_seq,
        tenant, request_id, protection_mode, threshold_blocks, ttl_s, value, block_hash,
-       position, reason, by_request_id
+       position, reason, by_request_id, released_by
 FROM events
 WHERE claim_id IS NOT NULL AND event LIKE 'claim\_%' ESCAPE '\';
 
--- One row per claim instance.
-CREATE OR REPLACE TEMP TABLE kv_claim_facts AS
+-- Each submission, whether it was rejected, and the latest earlier submission of its id that
+-- never was (where the events of the id go once this one is rejected).
+CREATE OR REPLACE TEMP TABLE kv_claim_subs AS
+SELECT run_id, claim_id, sub_seq, rejected_seq,
+       max(CASE WHEN rejected_seq IS NULL THEN sub_seq END) OVER (
+           PARTITION BY run_id, claim_id ORDER BY sub_seq
+           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_live_seq
+FROM (SELECT run_id, any_value(claim_id) AS claim_id, sub_seq,
+             min(seq) FILTER (WHERE event = 'claim_rejected') AS rejected_seq
+      FROM kv_claim_raw WHERE sub_seq IS NOT NULL
+      GROUP BY run_id, sub_seq);
+
+CREATE OR REPLACE TEMP TABLE kv_claim_ev AS
+SELECT e.run_id, e.seq, e.ts_ns, e.step, e.event, e.claim_id,
+       CASE WHEN e.sub_seq IS NULL THEN e.first_seq
+            WHEN e.event IN ('claim_submitted', 'claim_accepted', 'claim_rejected')
+                THEN e.sub_seq
+            WHEN s.rejected_seq < e.seq AND s.prev_live_seq IS NOT NULL THEN s.prev_live_seq
+            ELSE e.sub_seq END AS claim_seq,
+       e.tenant, e.request_id, e.protection_mode, e.threshold_blocks, e.ttl_s, e.value,
+       e.block_hash, e.position, e.reason, e.by_request_id, e.released_by
+FROM kv_claim_raw e
+LEFT JOIN kv_claim_subs s ON s.run_id = e.run_id AND s.sub_seq = e.sub_seq;
+
+-- One row per claim instance: what was declared and decided (no lifecycle end yet).
+CREATE OR REPLACE TEMP TABLE kv_claim_inst AS
 WITH f AS (
     SELECT
         run_id, claim_seq, any_value(claim_id) AS claim_id,
@@ -59,14 +88,74 @@ SELECT
     -- NOTE: leading_prefix_at_least(k); without a declared threshold the claim covers every
     -- bound position (the arbiter does the same: threshold = number of bound blocks).
     coalesce(declared_threshold, max_position + 1) AS k,
-    coalesce(declared_value, 1.0) AS value,
-    -- The release that ended the instance's force: the first of demote/expire/release.
-    least(demoted_seq, expired_seq, released_seq) AS release_seq,
-    CASE least(demoted_seq, expired_seq, released_seq)
-        WHEN demoted_seq THEN 'claim_demoted'
-        WHEN expired_seq THEN 'claim_expired'
-        WHEN released_seq THEN 'claim_released'
-    END AS release_event
+    coalesce(declared_value, 1.0) AS value
 FROM f
 LEFT JOIN kv_runs r ON r.run_id = f.run_id
 LEFT JOIN kv_policies p ON p.policy = r.policy;
+
+-- -- lifecycle legitimacy (docs/design.md §5) -------------------------------------------------
+-- Every claim_demoted / claim_expired / claim_released of an instance, and whether the contract
+-- lets it end the instance's force (`legit`). `rule` names the rule an illegitimate end breaks
+-- (NULL when legitimate); `verified` is false where the source format never carries the field
+-- the rule reads (the paper prototype's telemetry: no ttl_s, no released_by; schema-1 traces:
+-- no released_by): the runtime's reading is then kept and a finding marks it unverified.
+-- NOTE: the rule table here, labels.LIFECYCLE_RULES and docs/design.md §5 state the same rules
+-- (tests/test_lifecycle_legitimacy.py compares them).
+CREATE OR REPLACE TEMP TABLE kv_lifecycle_ends AS
+WITH ends AS (
+    SELECT e.run_id, e.seq, e.ts_ns, e.step, e.event, e.claim_id, e.claim_seq,
+           e.tenant AS event_tenant, e.released_by, e.by_request_id, e.reason,
+           i.tenant AS claim_tenant, i.protection_mode, i.ttl_s, i.accepted_seq,
+           i.accepted_ts_ns, r.lifecycle_source, r.released_by_recorded,
+           CASE e.event
+               WHEN 'claim_demoted' THEN
+                   CASE WHEN i.protection_mode IS DISTINCT FROM 'demotable'
+                        THEN 'demoted_not_demotable' END
+               WHEN 'claim_expired' THEN
+                   CASE WHEN i.protection_mode IS DISTINCT FROM 'expiring'
+                            THEN 'expired_not_expiring'
+                        WHEN i.ttl_s IS NULL THEN 'expired_without_ttl'
+                        WHEN i.accepted_ts_ns IS NULL
+                             OR e.ts_ns < i.accepted_ts_ns + CAST(i.ttl_s * 1e9 AS BIGINT)
+                            THEN 'expired_before_ttl' END
+               WHEN 'claim_released' THEN
+                   CASE WHEN e.released_by = 'operator' THEN NULL
+                        WHEN e.released_by = 'tenant' AND e.tenant IS NOT NULL
+                             AND e.tenant = i.tenant THEN NULL
+                        WHEN e.released_by = 'tenant' THEN 'released_not_by_owner'
+                        -- NOTE: the arbiter ends a claim only by claim_demoted or
+                        -- claim_expired, each judged by its own rule above
+                        WHEN e.released_by = 'arbiter' THEN 'released_by_arbiter'
+                        ELSE 'released_by_unknown' END
+           END AS broken_rule
+    FROM kv_claim_ev e
+    JOIN kv_claim_inst i ON i.run_id = e.run_id AND i.claim_seq = e.claim_seq
+    JOIN kv_runs r ON r.run_id = e.run_id
+    WHERE e.event IN ('claim_demoted', 'claim_expired', 'claim_released')
+)
+SELECT * EXCLUDE (unreadable),
+       -- the rule held, or it broke on a field the format records: the verdict is the trace's
+       broken_rule IS NULL OR NOT unreadable AS verified,
+       -- the rule broke on a field the format never carries: the runtime's word is kept
+       broken_rule IS NULL OR unreadable AS legit
+FROM (SELECT *,
+             (lifecycle_source = 'prototype' AND event IN ('claim_demoted', 'claim_expired'))
+             OR (NOT released_by_recorded AND event = 'claim_released') AS unreadable
+      FROM ends);
+
+-- One row per claim instance, with the lifecycle end that ended its force: the first
+-- legitimate claim_demoted / claim_expired / claim_released (an illegitimate one leaves the
+-- instance in force; findings name it).
+CREATE OR REPLACE TEMP TABLE kv_claim_facts AS
+WITH rel AS (
+    SELECT run_id, claim_seq,
+           min(seq) AS release_seq,
+           arg_min(event, seq) AS release_event,
+           arg_min(released_by, seq) AS release_released_by
+    FROM kv_lifecycle_ends
+    WHERE legit
+    GROUP BY run_id, claim_seq
+)
+SELECT i.*, rel.release_seq, rel.release_event, rel.release_released_by
+FROM kv_claim_inst i
+LEFT JOIN rel ON rel.run_id = i.run_id AND rel.claim_seq = i.claim_seq;

@@ -8,36 +8,41 @@
 -- request_arrived names the claim its request is about to submit).
 CREATE OR REPLACE TEMP TABLE kv_claim_refs AS
 WITH refs AS (
-    SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason,
-           block_hash
-    FROM kv_stage_events
-    WHERE event IN ('claim_released', 'claim_release_refused', 'claim_materialized',
-                    'claim_harmed')
-      AND claim_id IS NOT NULL
-    UNION ALL
-    SELECT run_id, seq, event, unnest(blocking_claim_ids) AS claim_id, request_id, NULL, NULL,
-           NULL, NULL
+    SELECT run_id, seq, event, unnest(blocking_claim_ids) AS claim_id, request_id, NULL AS tenant,
+           NULL AS released_by, NULL AS reason, NULL::UBIGINT AS block_hash
     FROM kv_stage_events
     WHERE event IN ('request_deferred', 'request_refused', 'request_preempted')
       AND blocking_claim_ids IS NOT NULL
 ), merged AS (
     -- the references and the instances of each claim id, in seq order (instance rows carry
     -- inst_seq); the running max is the latest instance so far, the min over the rest the next
-    -- NOTE: an instance's seq is its claim_seq, and claim_seqs grow with seq
+    -- NOTE: an instance's seq is its claim_seq, and claim_seqs grow with seq; a rejected
+    -- instance is never the one a reference names (stage 02: claim identity)
     SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
            is_ref,
            max(inst_seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq, is_ref
                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS latest_seq,
-           min(inst_seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq, is_ref
-                               ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_seq
-    FROM (SELECT *, true AS is_ref, NULL::BIGINT AS inst_seq FROM refs
+           max(any_seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq, is_ref
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS latest_any,
+           min(any_seq) OVER (PARTITION BY run_id, claim_id ORDER BY seq, is_ref
+                              ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_seq
+    FROM (SELECT *, true AS is_ref, NULL::BIGINT AS inst_seq, NULL::BIGINT AS any_seq FROM refs
           UNION ALL
           SELECT run_id, claim_seq, NULL, claim_id, NULL, NULL, NULL, NULL, NULL, false,
+                 CASE WHEN rejected_seq IS NULL OR accepted_seq IS NOT NULL THEN claim_seq END,
                  claim_seq
-          FROM kv_claim_facts)
+          FROM kv_claim_inst)
 )
+-- Every claim event that names a claim (a release, a refused release, a runtime report) keeps
+-- the instance stage 02 gave it.
 SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
-       coalesce(latest_seq, next_seq) AS claim_seq
+       claim_seq
+FROM kv_claim_ev
+WHERE event IN ('claim_released', 'claim_release_refused', 'claim_materialized',
+                'claim_harmed')
+UNION ALL
+SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
+       coalesce(latest_seq, latest_any, next_seq) AS claim_seq
 FROM merged
 WHERE is_ref;
 
@@ -73,7 +78,7 @@ WITH lost AS (
         m.materialized_seq, f.reported_materialized_seq,
         f.release_seq, f.release_event, f.reported_harm_seq,
         CASE f.release_event
-            WHEN 'claim_released' THEN rel.released_by
+            WHEN 'claim_released' THEN f.release_released_by
             -- demotion and expiry are the arbiter's own (kvclaims/contract/schema.py RELEASERS)
             WHEN 'claim_demoted' THEN 'arbiter'
             WHEN 'claim_expired' THEN 'arbiter'

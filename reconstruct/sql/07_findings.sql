@@ -130,17 +130,55 @@ FROM classed c
 LEFT JOIN kv_manifest_lowering ml ON ml.run_id = c.run_id AND ml.mode = c.mode
 LEFT JOIN kv_lowering_words w ON w.word = lower(trim(ml.verdict))
 ORDER BY c.run_id, list_position((SELECT list(mode) FROM kv_modes), c.mode);
+-- Demotion justification (docs/design.md §5 "Lifecycle legitimacy"): each legitimate,
+-- verified demotion with the admission decision of the request it names (by_request_id): the
+-- first decision of that request after the demotion, in the same scheduler step when the trace
+-- has steps. Justified only if that decision is infeasible once the blocks the demotion freed
+-- are counted back as protected (rebuilt figures of `feasibility`).
+-- NOTE: self-contained block; uses feasibility's rebuilt figures (the same inequality as its
+-- `feasible`: protected + active live + required <= usable, with the freed blocks added to the
+-- protected side).
+CREATE OR REPLACE TEMP TABLE kv_demotion_checks AS
+WITH dem AS (
+    SELECT x.run_id, x.seq, x.step, x.claim_id, x.claim_seq, x.by_request_id,
+           coalesce(fr.freed_blocks, 0) AS freed_blocks
+    FROM kv_lifecycle_ends x
+    LEFT JOIN kv_release_freed fr
+      ON fr.run_id = x.run_id AND fr.seq = x.seq AND fr.claim_seq = x.claim_seq
+    WHERE x.event = 'claim_demoted' AND x.legit AND x.verified
+), cand AS (
+    SELECT d.run_id, d.seq, f.seq AS decision_seq, f.protected_blocks, f.live_blocks,
+           f.required_blocks, f.usable_blocks,
+           row_number() OVER (PARTITION BY d.run_id, d.seq ORDER BY f.seq) AS rn
+    FROM dem d
+    JOIN feasibility f
+      ON f.run_id = d.run_id AND f.request_id = d.by_request_id AND f.seq > d.seq
+         AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+    WHERE d.step IS NULL OR f.step = d.step
+)
+SELECT d.*, c.decision_seq, c.protected_blocks, c.live_blocks, c.required_blocks,
+       c.usable_blocks,
+       -- seed 000's inequality with the freed blocks counted back as protected
+       coalesce(d.by_request_id IS NOT NULL AND c.decision_seq IS NOT NULL
+                AND c.protected_blocks + d.freed_blocks + coalesce(c.live_blocks, 0)
+                    + c.required_blocks > c.usable_blocks,
+                false) AS justified
+FROM dem d
+LEFT JOIN cand c ON c.run_id = d.run_id AND c.seq = d.seq AND c.rn = 1;
 
 CREATE OR REPLACE TABLE findings AS
 WITH f AS (
     -- holes ---------------------------------------------------------------------------------
-    SELECT run_id, 'recorder_gap' AS kind, 'hole' AS severity, seq,
-           [seq, first_seq, last_seq] AS seqs, NULL AS claim_id, NULL::BIGINT AS claim_seq,
+    -- NOTE: the hole starts at the first seq of the scheduler step the gap falls in (stage 01)
+    SELECT g.run_id, 'recorder_gap' AS kind, 'hole' AS severity, g.seq,
+           [g.seq, g.first_seq, g.last_seq] AS seqs, NULL AS claim_id, NULL::BIGINT AS claim_seq,
            NULL AS request_id, NULL::UBIGINT AS block_hash,
            format('recorder dropped {} events (seq {}..{}): every loss from seq {} on is unknown',
-                  coalesce(events_dropped::VARCHAR, '?'), coalesce(first_seq::VARCHAR, '?'),
-                  coalesce(last_seq::VARCHAR, '?'), least(seq, first_seq)) AS detail
-    FROM kv_stage_events WHERE event = 'recorder_gap'
+                  coalesce(g.events_dropped::VARCHAR, '?'), coalesce(g.first_seq::VARCHAR, '?'),
+                  coalesce(g.last_seq::VARCHAR, '?'),
+                  least(g.seq, g.first_seq, r.unknown_from_seq)) AS detail
+    FROM kv_stage_events g JOIN kv_runs r ON r.run_id = g.run_id
+    WHERE g.event = 'recorder_gap'
     UNION ALL
     SELECT run_id, 'seq_hole', 'hole', hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
            format('seq {} is missing and no recorder_gap covers it', hole_seq)
@@ -501,6 +539,80 @@ WITH f AS (
     FROM kv_claim_facts f JOIN kv_runs r USING (run_id)
     WHERE f.submitted_seq IS NOT NULL AND f.accepted_seq IS NULL AND f.rejected_seq IS NULL
       AND NOT r.has_hole
+
+    -- lifecycle legitimacy (docs/design.md §5 "Lifecycle legitimacy"; stage 02) ------------
+    -- NOTE: self-contained block: reads kv_lifecycle_ends, kv_demotion_checks (below the
+    -- findings' inputs) and kv_hit_contradictions only
+    UNION ALL
+    -- an end of force the contract does not allow: the instance stays in force
+    SELECT x.run_id, x.broken_rule, 'violation', x.seq, [x.seq], x.claim_id, x.claim_seq,
+           x.by_request_id, NULL,
+           format('{} of claim {} at seq {} does not end its force: {}; the claim stays in '
+                  'force (later losses are judged as if it had not happened)', x.event,
+                  x.claim_id, x.seq,
+                  CASE x.broken_rule
+                      WHEN 'demoted_not_demotable' THEN format(
+                          'only a demotable claim may be demoted, this one is {}',
+                          coalesce(x.protection_mode, '?'))
+                      WHEN 'expired_not_expiring' THEN format(
+                          'only an expiring claim may expire, this one is {}',
+                          coalesce(x.protection_mode, '?'))
+                      WHEN 'expired_without_ttl' THEN 'the claim declared no ttl_s'
+                      WHEN 'expired_before_ttl' THEN format(
+                          'ttl_s {} had not elapsed since its acceptance (at {} ns, expiry at '
+                          '{} ns)', x.ttl_s, coalesce(x.accepted_ts_ns::VARCHAR, '?'), x.ts_ns)
+                      WHEN 'released_not_by_owner' THEN
+                          'released_by tenant, but asked by another tenant than the claim''s'
+                      WHEN 'released_by_arbiter' THEN
+                          'the arbiter ends a claim only by demotion or expiry'
+                      ELSE 'released_by names neither the operator nor the claim''s tenant'
+                  END)
+    FROM kv_lifecycle_ends x
+    WHERE NOT x.legit
+    UNION ALL
+    -- the source format never carries what the rule reads: the runtime's word is kept
+    SELECT x.run_id, 'lifecycle_unverified', 'anomaly', x.seq, [x.seq], x.claim_id,
+           x.claim_seq, x.by_request_id, NULL,
+           format('{} of claim {} at seq {} is the runtime''s word: the {} format records no '
+                  '{}, so whether the contract allowed it cannot be checked', x.event,
+                  x.claim_id, x.seq,
+                  CASE x.lifecycle_source WHEN 'prototype' THEN 'paper prototype'
+                       ELSE 'schema-1' END,
+                  CASE x.event WHEN 'claim_expired' THEN 'ttl_s'
+                       WHEN 'claim_demoted' THEN 'claim lifecycle mode'
+                       ELSE 'released_by' END)
+    FROM kv_lifecycle_ends x
+    WHERE NOT x.verified AND x.broken_rule IS NOT NULL
+    UNION ALL
+    -- a demotion must make room for a named request that could not be admitted without it
+    SELECT d.run_id, 'demotion_unjustified', 'violation', d.seq,
+           [v FOR v IN [d.seq, d.decision_seq] IF v IS NOT NULL], d.claim_id, d.claim_seq,
+           d.by_request_id, NULL,
+           CASE WHEN d.by_request_id IS NULL
+                    THEN format('claim {} was demoted at seq {} without naming the request it '
+                                'made room for (by_request_id)', d.claim_id, d.seq)
+                WHEN d.decision_seq IS NULL
+                    THEN format('claim {} was demoted at seq {} for request {}, which has no '
+                                'admission decision after it in that step', d.claim_id, d.seq,
+                                d.by_request_id)
+                ELSE format('claim {} was demoted at seq {} for request {}, but the request''s '
+                            'admission at seq {} was feasible without it (rebuilt: protected '
+                            '{} + {} freed by the demotion + required {} <= usable {})',
+                            d.claim_id, d.seq, d.by_request_id, d.decision_seq,
+                            d.protected_blocks, d.freed_blocks, d.required_blocks,
+                            d.usable_blocks) END
+    FROM kv_demotion_checks d
+    WHERE NOT d.justified
+    UNION ALL
+    -- evidence comes from the timeline: a hit on a block that does not hold that content
+    SELECT h.run_id, 'hit_not_resident', 'disagreement', h.seq, [h.seq], NULL, NULL,
+           h.request_id, h.block_hash,
+           format('block_hit at seq {} on block {} with hash {}, but the block held {} there: '
+                  'not counted as presence (it repairs no loss)', h.seq, h.block_id,
+                  coalesce(h.block_hash::VARCHAR, '?'),
+                  coalesce('hash ' || h.held_hash::VARCHAR, 'no cached content'))
+    FROM kv_hit_contradictions h JOIN kv_runs r ON r.run_id = h.run_id
+    WHERE h.seq < coalesce(r.unknown_from_seq, h.seq + 1)
 )
 SELECT f.run_id, f.kind, f.severity, f.seq, f.seqs, f.claim_id, f.claim_seq, f.request_id,
        f.block_hash,

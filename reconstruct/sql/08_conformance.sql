@@ -70,7 +70,15 @@ WITH fk AS (
         ('L_feasibility', 'feasibility_disagreement'),
         ('L_feasibility', 'feasibility_figure_mismatch'),
         ('L_chunking', 'chunk_counted_as_need'),
-        ('L_lowering', 'lowering_claim_unsupported'), ('L_lowering', 'lowering_value_unknown')
+        ('L_lowering', 'lowering_claim_unsupported'), ('L_lowering', 'lowering_value_unknown'),
+        -- lifecycle legitimacy and timeline evidence (07_findings, its own block)
+        ('L4', 'demoted_not_demotable'), ('L4', 'demotion_unjustified'),
+        ('L5', 'expired_not_expiring'), ('L5', 'expired_without_ttl'),
+        ('L5', 'expired_before_ttl'),
+        ('INV_release_by_owner', 'released_not_by_owner'),
+        ('INV_release_by_owner', 'released_by_arbiter'),
+        ('INV_release_by_owner', 'released_by_unknown'),
+        ('L7', 'hit_not_resident')
     ) t(check_name, kind)
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
@@ -169,6 +177,42 @@ WITH fk AS (
     FROM c
     LEFT JOIN released_losses x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
     WHERE c.release_event IN ('claim_demoted', 'claim_expired')
+), lit_soft AS (
+    -- LIT_soft_order: each loss of a soft_priority instance's leading block while in force;
+    -- labelled harm exactly when a lower-priority evictable block existed (docs/design.md §3)
+    SELECT l.run_id, l.seq, l.claim_seq, l.label
+    FROM loss_claims l
+    WHERE l.protection_mode = 'soft_priority' AND l.accepted_seq < l.seq
+      AND (l.release_seq IS NULL OR l.release_seq > l.seq) AND l.position < l.threshold_blocks
+      AND l.label <> 'unknown'
+), lit_value AS (
+    -- LIT_thresholded_value: a loss that broke the predicate of a materialized instance in
+    -- force (value lost: the claim is harmed and loses all its value, though other blocks may
+    -- survive), or one beyond the threshold that left it intact (no value lost by it)
+    -- NOTE: a loss whose prefix came back before its step ended is eviction, not a break
+    SELECT l.run_id, l.seq, l.claim_seq, l.label = 'harm' AS broke,
+           coalesce(CASE WHEN l.label = 'harm'
+                         THEN x.outcome = 'harmed' AND x.value_lost = x.value
+                              AND x.first_harm_seq <= l.seq
+                         ELSE NOT (x.outcome = 'harmed' AND x.first_harm_seq = l.seq) END,
+                    false) AS ok
+    FROM loss_claims l
+    JOIN claims x ON x.run_id = l.run_id AND x.claim_seq = l.claim_seq
+    WHERE l.materialized_seq < l.seq AND l.accepted_seq < l.seq
+      AND (l.release_seq IS NULL OR l.release_seq > l.seq)
+      AND x.protection_mode IN (SELECT mode FROM kv_modes WHERE residency)
+      AND ((l.label = 'harm' AND l.breaks_predicate AND x.positions_bound > 1)
+           OR (l.label = 'eviction' AND NOT l.breaks_predicate
+               AND l.position >= l.threshold_blocks))
+), lit_unmat AS (
+    -- LIT_materialization_failure: accepted instances whose predicate never held in force
+    SELECT x.run_id, x.claim_seq, x.accepted_seq,
+           [v FOR v IN [x.first_harm_seq, x.reported_materialized_seq] IF v IS NOT NULL]
+           || CASE WHEN x.outcome = 'preserved' THEN [x.accepted_seq] ELSE []::BIGINT[] END
+               AS bad_seqs
+    FROM claims x
+    WHERE x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL
+      AND x.outcome <> 'unknown'
 ), cached AS (
     -- L7: requests whose num_cached_tokens can be compared with the trace
     SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
@@ -467,6 +511,62 @@ WITH fk AS (
                           'evidence', count(*))
             FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
            NULL
+    FROM kv_runs r
+    UNION ALL
+    -- only the owner or the operator releases (verified releases; findings fail it) ---------
+    SELECT r.run_id, 'INV_release_by_owner',
+           -- NOTE: a release the format cannot verify (no released_by) does not exercise it
+           EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
+                     AND x.event = 'claim_released' AND x.verified),
+           NULL,
+           (SELECT list(x.seq ORDER BY x.seq) FROM kv_lifecycle_ends x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
+           (SELECT format('{} release(s): by the claim''s own tenant or the operator ({} '
+                          'unverified: the format records no released_by)', count(*),
+                          count(*) FILTER (WHERE NOT x.verified))
+            FROM kv_lifecycle_ends x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
+           (SELECT list(DISTINCT x.claim_seq) FROM kv_lifecycle_ends x
+            WHERE x.run_id = r.run_id AND x.event = 'claim_released')
+    FROM kv_runs r
+    -- litmus: soft order, thresholded value, materialization failure (self-contained) -------
+    UNION ALL
+    SELECT r.run_id, 'LIT_soft_order',
+           r.enforcing AND EXISTS (SELECT 1 FROM lit_soft x WHERE x.run_id = r.run_id),
+           CASE WHEN r.enforcing THEN (SELECT nullif(list(x.seq ORDER BY x.seq)
+                                                     FILTER (WHERE x.label = 'harm'),
+                                                     []::BIGINT[])
+                                       FROM lit_soft x WHERE x.run_id = r.run_id) END,
+           (SELECT list(x.seq ORDER BY x.seq) FROM lit_soft x WHERE x.run_id = r.run_id),
+           (SELECT format('{} loss(es) of soft_priority claims in force, none while a '
+                          'lower-priority evictable block existed', count(*))
+            FROM lit_soft x WHERE x.run_id = r.run_id),
+           (SELECT list(DISTINCT x.claim_seq) FROM lit_soft x WHERE x.run_id = r.run_id)
+    FROM kv_runs r
+    UNION ALL
+    SELECT r.run_id, 'LIT_thresholded_value',
+           EXISTS (SELECT 1 FROM lit_value x WHERE x.run_id = r.run_id),
+           (SELECT nullif(list(x.seq ORDER BY x.seq) FILTER (WHERE NOT x.ok), []::BIGINT[])
+            FROM lit_value x WHERE x.run_id = r.run_id),
+           (SELECT list(x.seq ORDER BY x.seq) FROM lit_value x WHERE x.run_id = r.run_id),
+           (SELECT format('{} loss(es): value lost exactly where the leading prefix of the '
+                          'threshold broke ({} with other blocks surviving), kept where it '
+                          'held ({})', count(*), count(*) FILTER (WHERE x.broke),
+                          count(*) FILTER (WHERE NOT x.broke))
+            FROM lit_value x WHERE x.run_id = r.run_id),
+           (SELECT list(DISTINCT x.claim_seq) FROM lit_value x WHERE x.run_id = r.run_id)
+    FROM kv_runs r
+    UNION ALL
+    SELECT r.run_id, 'LIT_materialization_failure',
+           EXISTS (SELECT 1 FROM lit_unmat x WHERE x.run_id = r.run_id),
+           (SELECT nullif(flatten(list(x.bad_seqs)), []::BIGINT[])
+            FROM lit_unmat x WHERE x.run_id = r.run_id),
+           (SELECT list(x.accepted_seq ORDER BY x.accepted_seq) FROM lit_unmat x
+            WHERE x.run_id = r.run_id),
+           (SELECT format('{} accepted claim(s) never materialized: none harmed, preserved or '
+                          'reported materialized', count(*))
+            FROM lit_unmat x WHERE x.run_id = r.run_id),
+           (SELECT list(x.claim_seq) FROM lit_unmat x WHERE x.run_id = r.run_id)
     FROM kv_runs r
 ), judged AS (
     SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
