@@ -128,10 +128,11 @@ def test_a_harm_is_explained_in_capacity_terms_with_utc(tmp_path: Path) -> None:
         assert harmed, "the shipped native-80 trace has a harmed claim"
         tenant, seq = harmed[0]
         text = explain(a, tenant).to_text()
-    assert re.search(rf"at \d\d:\d\d:\d\d\.\d{{3}} UTC \(seq {seq}\) \d+ of your \d+ "
-                     r"block\(s\) were evicted \(harm\) to admit another tenant's request "
-                     r"that needed \d+ block\(s\) while \d+ were usable - \d+ \+ \d+ (>|<=) "
-                     r"\d+", text)
+    assert re.search(rf"at \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}Z \(seq {seq}\) \d+ of "
+                     r"your \d+ block\(s\) were evicted \(harm\) to admit another tenant's "
+                     r"request; at its admission \(seq \d+\) it needed \d+ block\(s\) while \d+ "
+                     r"were usable and \d+ were protected by claims in force \(\d+ claim\(s\) of "
+                     r"yours, \d+ of other tenants\) - \d+ \+ \d+ (>|<=) \d+", text)
     assert "no clock" not in text
 
 
@@ -160,7 +161,7 @@ def test_tenants_by_harm_starts_with_the_most_harmed(audit) -> None:
 
 def test_json_has_one_shape(audit) -> None:
     doc = json.loads(explain(audit, "tenant-b").to_json())
-    assert set(doc) == {"tenant", "runs", "clock", "sections"}
+    assert set(doc) == {"tenant", "runs", "clock", "window", "sections"}
     assert set(doc["sections"][0]) >= {"kind", "id", "outcome", "promised", "lowering",
                                        "timeline", "why", "value_lost", "prevention"}
 
