@@ -200,3 +200,44 @@ def test_a_copied_trace_explains_the_same(tmp_path: Path, audit) -> None:
     shutil.copytree(MULTI, tmp_path / "copy")
     with kvclaims.open([tmp_path / "copy"]) as a:
         assert explain(a, "tenant-c").to_text() == explain(audit, "tenant-c").to_text()
+
+
+# -- time windows ---------------------------------------------------------------------------------
+
+def test_at_a_time_of_day_keeps_the_sections_with_a_moment_there(audit) -> None:
+    from kvclaims.explaining import run_days, time_window
+
+    w = time_window("05:56:46.6", "50ms", days=run_days(audit))
+    ex = explain(audit, "tenant-b", window=w)
+    assert [s.id for s in ex.sections] == ["b:doc"]
+    assert ex.window == {"since": "2026-11-30T05:56:46.550Z", "until": "2026-11-30T05:56:46.650Z"}
+
+
+def test_a_window_with_nothing_in_it_keeps_no_section(audit) -> None:
+    # negative twin
+    from kvclaims.explaining import time_window
+
+    w = time_window(since="2026-11-30T06:00:00Z", until="2026-11-30T07:00:00Z")
+    assert explain(audit, "tenant-b", window=w).sections == []
+
+
+def test_cli_at_gives_iso_times_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(MULTI), "--tenant", "tenant-b", "--at",
+                 "2026-11-30T05:56:46Z", "--window", "2s", "--format", "json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["window"]["since"] == "2026-11-30T05:56:44.000Z"
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", m["utc"])
+               for s in doc["sections"] for m in s["timeline"])
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--at", "25:00"], "bad time"), (["--at", "05:56", "--window", "soon"], "bad duration"),
+    (["--window", "1m"], "--window needs --at"),
+    (["--since", "05:56:44", "--until", "05:56:40"], "before --since"),
+    (["--at", "05:56", "--since", "05:56"], "not both")])
+def test_cli_bad_window_is_one_line_exit_2(args: list[str], msg: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["explain", str(MULTI), "--tenant", "tenant-b", *args]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
