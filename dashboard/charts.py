@@ -1,11 +1,13 @@
 """Altair charts for the dashboard and the HTML report (one implementation for both).
 
 Each function takes DataFrames from ``kvclaims.dashboard.data`` and returns a chart; none computes a
-number of its own. The app draws them with ``st.altair_chart``; the report renders the same
-spec offline (``to_png``/``to_svg``, vl-convert), so a report needs no network to be viewed.
+number of its own. The app draws them with ``st.altair_chart``; the report embeds the same
+specs and draws them in the page with the inlined Vega libraries (``report.Charts``);
+``to_png``/``to_svg`` render a spec offline (vl-convert). Timelines take ``axis="seq"`` or
+``axis="utc"`` (wall-clock time; ``data.add_utc``) and zoom along x.
 
 NOTE: colours are colour-blind safe (Okabe-Ito hues); harm (vermillion) is the one alarming
-colour on every chart.
+colour on every chart, and every lane state of one chart has its own colour.
 """
 
 from __future__ import annotations

@@ -674,9 +674,41 @@ def test_app_tenant_page_starts_at_the_tenant_with_the_most_harm(
     assert at.selectbox(key="tenant").value == "tenant-resident"
     (harmed,) = [w.value for w in at.warning]
     assert harmed.startswith("Outcome\\: harmed")
-    assert any("50 of your 60 block" in m.value for m in at.markdown)
+    assert any("44 of your 60 block" in m.value for m in at.markdown)  # the first moment
+    assert any("6 of your 60 block" in m.value for m in at.markdown)   # the second
     at.selectbox(key="tenant").set_value("tenant-a").run()
     assert not at.warning and any(i.value.startswith("Outcome\\: released") for i in at.info)
+
+
+def test_app_tenant_timeline_is_a_table_that_keeps_every_word(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, MULTI), "Tenants")
+    at.selectbox(key="tenant").set_value("tenant-b").run()
+    whats = [w for t in at.table for w in t.value["what"]]
+    expl = data.explanation(data.load_audit([MULTI]), "tenant-b")
+    assert whats == [m.text for s in expl.sections for m in s.timeline]
+
+
+def test_app_timeline_offers_a_utc_axis_for_a_run_with_a_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, MULTI), "Timeline")
+    axis = at.radio(key="timeline_axis")
+    assert axis.options == ["time (UTC)", "seq"]
+    axis.set_value("seq").run()
+    assert not at.exception
+
+
+def test_app_timeline_of_a_run_without_a_clock_has_no_axis_choice(
+        monkeypatch: pytest.MonkeyPatch, reused: data.Audit) -> None:
+    # negative twin: a JSON Lines import has no clock, so seq is the only axis
+    at = _page(_app(monkeypatch, *reused.paths), "Timeline")
+    assert not at.exception and "timeline_axis" not in {r.key for r in at.radio}
+
+
+def test_app_claims_page_draws_the_claims_block_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, SWEEP / NATIVE_80), "Claims")
+    assert not at.exception
+    assert any("one lane per position" in m.value for m in at.markdown)
 
 
 def test_app_conformance_never_counts_not_exercised_as_pass(
