@@ -5,6 +5,7 @@ its command prints on the shipped traces (docs/examples.py; rewrite with
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _examples():
     spec = importlib.util.spec_from_file_location("doc_examples", REPO / "docs" / "examples.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["doc_examples"] = mod  # NOTE: dataclasses look their module up here
     spec.loader.exec_module(mod)
     return mod
 

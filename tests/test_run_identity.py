@@ -101,3 +101,26 @@ def test_the_dashboard_data_of_twins_has_both_runs(twins: Path) -> None:
     audit = data.load_audit([str(twins)])
     assert len(audit.run_ids) == 2 and len(audit.truncations) == 2
     assert set(audit.runs["run_dir"]) == {str(twins / "first"), str(twins / "second")}
+
+
+# -- on the real engine -------------------------------------------------------------------------
+
+@pytest.mark.vllm
+def test_record_names_the_run_by_run_id(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = _cli("record", "--scenario", "resident60_active70", "--usable-blocks", "80",
+             "--out", str(out), "--run-id", "ticket-4711", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "manifest.json").read_text())["run_id"] == "ticket-4711"
+    assert json.loads(r.stdout)["run_id"] == "ticket-4711"
+
+
+@pytest.mark.vllm
+def test_a_default_run_id_does_not_collide_with_the_shipped_sweep_point(record_run) -> None:
+    run, view = record_run("resident60_active70", "native", 80)
+    rid = json.loads((run / "manifest.json").read_text())["run_id"]
+    assert rid.startswith("resident60_active70-native-80-") and rid.endswith("Z")
+    shipped = REPO / "traces" / "sweep-resident60_active70" / "resident60_active70-native-80"
+    with kvclaims.open([run, shipped]) as a:   # two runs, told apart by their ids
+        assert sorted(a.runs) == sorted([rid, "resident60_active70-native-80"])
+        assert not a.truncations
