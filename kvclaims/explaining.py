@@ -47,9 +47,9 @@ ANOTHER: Final[str] = "another tenant"
 WITHHELD: Final[str] = "the runtime's text is withheld: it names another tenant's identifiers"
 _LABEL_ORDER: Final[dict[str, int]] = {"harm": 0, "unknown": 1, "expiry": 2, "relaxation": 3,
                                        "eviction": 4}
-#: Characters that are not part of an identifier token: an id is "in" a text when it occurs
-#: with none of these... NOTE: only letters, digits and `_` glue an id to its neighbours, so
-#: an id followed by `.`, `:` or `-` is still found.
+#: Characters that glue an id to its neighbours: an id is "in" a text wherever none of these
+#: continues it on either side. NOTE: so an id followed by `.`, `:` or `-` is still found (a
+#: reason may quote "claim b:doc." or "b:doc-2"); over-matching only withholds more text.
 _WORD: Final[str] = r"A-Za-z0-9_"
 
 
@@ -751,7 +751,8 @@ class _Facts:
         row = self.con.execute("SELECT by_request_id, ts FROM events WHERE run_id = ? AND seq = ?",
                                [run_id, dseq]).fetchone()
         by, ts = row if row else (None, None)
-        head = f"{self.at(dseq, ts)} your claim was demoted to admit {self.whose_request(run_id, by)}"
+        head = (f"{self.at(dseq, ts)} your claim was demoted to admit "
+                f"{self.whose_request(run_id, by)}")
         adm = self.admission(run_id, by, dseq + 1)
         if adm is None or None in (adm["need"], adm["usable"], adm["protected"]):
             return head + "; the trace does not show that request's admission figures"

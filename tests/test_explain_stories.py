@@ -188,7 +188,8 @@ def test_every_loss_line_names_the_positions_and_block_ids_it_lost(shipped) -> N
         for m in s.timeline:
             if _LOSS.search(m.text):
                 checked += 1
-                probs += [f"{s.run_id}/{s.id}: {p}" for p in loss_problems(shipped, s, m.seq, m.text)]
+                probs += [f"{s.run_id}/{s.id}: {p}"
+                          for p in loss_problems(shipped, s, m.seq, m.text)]
     assert checked >= 10 and not probs, probs[:5]
 
 
