@@ -51,6 +51,7 @@ th { background: #eee; } td.num { text-align: right; font-variant-numeric: tabul
 .v-fail { background: #D55E00; color: #fff; } .v-unknown { background: #000; color: #fff; }
 .v-pass { background: #cfe6f5; } .v-not_exercised { background: #fff; color: #777; }
 .chart { max-width: 100%; overflow-x: auto; margin: 8px 0; }
+details > summary { font-weight: 600; margin: 6px 0; cursor: pointer; }
 .pair { display: flex; flex-wrap: wrap; gap: 16px; } .note { color: #555; font-size: 12px; }
 """
 
@@ -338,17 +339,23 @@ def write_report(paths: Sequence[str], out: str,
 
 def explanation_html(expl: Any) -> str:
     """One tenant's explanation (``kvclaims.explaining.explain``) as a report section: its
-    headline, then per claim or request the promise, the timeline, why and what would have
-    prevented it. Every value escaped."""
+    headline, then per claim or request (a ``<details>``: the tenant's first incident open,
+    the rest folded, so a sweep's many sections do not make the page endless) the promise,
+    the timeline, why and what would have prevented it. Every value escaped."""
     out = [f"<h3>{_e(expl.tenant)}</h3>", f"<p>{_e(data.explanation_headline(expl))}</p>"]
+    opened = False
     for s in expl.sections:
-        cls = "harm" if s.outcome in data.INCIDENT_OUTCOMES else ""
-        out.append(f"<h4 class='{cls}'>{_e(s.title)}</h4><ul>")
+        incident = s.outcome in data.INCIDENT_OUTCOMES
+        cls = "harm" if incident else ""
+        attr = " open" if incident and not opened else ""
+        opened = opened or incident
+        out.append(f"<details{attr}><summary class='{cls}'>{_e(s.title)}</summary><ul>")
         out += [f"<li>{_e(line)}</li>" for line in data.explanation_lines(s)]
         out += [f"<li>{_e(w)}</li>" for w in s.why]
         out += [f"<li>Would have prevented it: {_e(p)}</li>" for p in s.prevention]
-        out.append("</ul><table><tr><th>time (UTC)</th><th>seq</th><th>what</th></tr>")
+        out.append("</ul><div class='wrap'><table><tr><th>time (UTC)</th><th>seq</th>"
+                   "<th>what</th></tr>")
         out += [f"<tr><td>{_e(m.utc or '-')}</td><td>{m.seq}</td><td>{_e(m.text)}</td></tr>"
                 for m in s.timeline]
-        out.append("</table>")
+        out.append("</table></div></details>")
     return "\n".join(out)

@@ -508,6 +508,16 @@ def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) 
     assert "not exercised" in page and "v-not_exercised" in page
 
 
+def test_report_folds_all_but_each_tenants_first_incident(audit: data.Audit) -> None:
+    from kvclaims.dashboard.report import explanation_html
+
+    expl = data.explanation(audit, "tenant-resident")
+    page = explanation_html(expl)
+    harmed = sum(s.outcome == "harmed" for s in expl.sections)
+    assert harmed >= 10 and page.count("<details") == len(expl.sections)
+    assert page.count("<details open>") == 1  # the first incident; the others one click away
+
+
 def test_report_has_a_capacity_sweep_section_for_a_sweep(audit: data.Audit) -> None:
     from kvclaims.dashboard.report import build_report
 
