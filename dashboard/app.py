@@ -30,6 +30,10 @@ PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"
          ("Findings & conformance", "conformance"))
 ALL_RUNS = "all runs"
 TIMELINE_WIDTH = 640
+#: The timeline's x axes (``charts.AXES``) as the page names them.
+AXIS_TITLES = {"utc": "time (UTC)", "seq": "seq"}
+#: A run id column wide enough that long run names stay told apart.
+_RUN_COLUMN = st.column_config.TextColumn("run", width="large", pinned=True)
 _VERDICT_COLORS = {"fail": "background-color: #D55E00; color: white",
                    "unknown": "background-color: black; color: white",
                    "pass": "background-color: #cfe6f5", "not_exercised": "color: #888888"}
@@ -121,7 +125,7 @@ def page_overview(audit: data.Audit) -> None:
             "lost_unknown", "lost_expiry", "lost_relaxation", "lost_eviction", "deferred",
             "preempted", "claims", "requests", "findings", "checks_failed", "checks_unknown"]
     st.dataframe(head[cols], hide_index=True, width="stretch", height=_height(len(head), 14),
-                 column_config={"lost_harm": "blocks lost: harm",
+                 column_config={"run_id": _RUN_COLUMN, "lost_harm": "blocks lost: harm",
                                 "claims_harmed": "claims harmed",
                                 "refused": "requests refused"})
     _source("claims", "losses", "requests", "findings", "conformance")
@@ -144,11 +148,16 @@ def page_timeline(audit: data.Audit) -> None:
     cols[1].metric("peak protected", int(occ["protected"].max()) if len(occ) else 0)
     cols[2].metric("peak held", int(occ["held"].max()) if len(occ) else 0)
     cols[3].metric("losses", int(data.run_losses(audit, run_id)["blocks"].sum()))
+    axis = "seq"
+    if data.has_clock(audit, run_id):
+        axis = st.radio("x axis", list(AXIS_TITLES), format_func=AXIS_TITLES.get,
+                        horizontal=True, key="timeline_axis")
     # NOTE: a fixed plot width: the lanes' labels and the legends must fit beside it in the
     # main column at 1400 px (vega's "container" width does not apply inside a vconcat).
-    st.altair_chart(report.run_timeline(audit, run_id, highlight=claim, width=TIMELINE_WIDTH),
-                    width="content")
-    clock = ("UTC shown in the tables" if data.has_clock(audit, run_id)
+    st.altair_chart(report.run_timeline(audit, run_id, highlight=claim, width=TIMELINE_WIDTH,
+                                        axis=axis), width="content")
+    clock = ("zoom with the wheel or a drag along x, double-click to reset" if
+             data.has_clock(audit, run_id)
              else "this run's manifest has no wall clock: seq only")
     st.caption("Pool: protected by claims (in force, pinning mode, enforcing policy) / held by "
                "requests / cached, unreferenced (evictable) / free; dashed: usable blocks; "
@@ -176,7 +185,8 @@ def page_timeline(audit: data.Audit) -> None:
 def page_claims(audit: data.Audit) -> None:
     st.subheader("Claim outcomes")
     outcomes = data.claim_outcomes(audit)
-    st.dataframe(outcomes, hide_index=True, width="stretch", height=_height(len(outcomes), 12))
+    st.dataframe(outcomes, hide_index=True, width="stretch", height=_height(len(outcomes), 12),
+                 column_config={"run_id": _RUN_COLUMN})
     _source("claim_outcomes", "events (claim_bound → bound_blocks)")
     keys = data.claim_keys(audit)
     if not keys:
@@ -199,6 +209,12 @@ def page_claims(audit: data.Audit) -> None:
     st.caption("Dashed rules: the claim's lifecycle events (`events`), named in the legend. "
                "Points: its block losses at their position in the claim, coloured by label "
                "(`loss_claims`).")
+    st.markdown("**Its blocks, one lane per position**")
+    st.altair_chart(report.position_lanes(
+        audit, run_id, claim_seq, width=TIMELINE_WIDTH,
+        axis="utc" if data.has_clock(audit, run_id) else "seq"), width="content")
+    st.caption("Each position of the claim: resident from its binding to its loss (a tick "
+               "coloured by label) or the end of the run (`claim_timeline`).")
     left, right = st.columns(2)
     left.markdown("**Lifecycle events**")
     left.dataframe(lifecycle[["seq", "event", "request_id", "protection_mode", "reason",
@@ -223,7 +239,8 @@ def page_sweep(audit: data.Audit) -> None:
     st.markdown(f"**{len(table)} points**: the active request's allocation evicted resident "
                 f"blocks as harm at {len(harmed)} of them; it was refused at {len(refused)}.")
     st.dataframe(table, hide_index=True, width="stretch", height=_height(len(table)),
-                 column_config={k: v for k, v in data.SWEEP_TITLES.items() if k in table})
+                 column_config={**{k: v for k, v in data.SWEEP_TITLES.items() if k in table},
+                                "run_id": _RUN_COLUMN})
     st.caption("*resident blocks lost* and *of those: …* count only the cached blocks the "
                "active request (largest demand) evicted; *all blocks lost* counts every loss "
                "in the run, by any request.")
@@ -279,14 +296,13 @@ def _explanation_section(s, box) -> None:
         st.markdown(f"- {_md(w)}")
     for p in s.prevention:
         st.caption(f"Would have prevented it: {_md(p)}")
-    timeline = pd.DataFrame([{"utc": m.utc, "seq": m.seq, "what": m.text}
-                             for m in s.timeline], columns=["utc", "seq", "what"])
-    if timeline["utc"].isna().all():
-        timeline = timeline.drop(columns="utc")
-    st.dataframe(timeline, hide_index=True, width="stretch",
-                 column_config={"utc": st.column_config.TextColumn("UTC", width="small"),
-                                "seq": st.column_config.NumberColumn(width="small"),
-                                "what": st.column_config.TextColumn(width="large")})
+    timeline = pd.DataFrame([{"time (UTC)": m.utc, "seq": m.seq, "what": m.text}
+                             for m in s.timeline], columns=["time (UTC)", "seq", "what"])
+    if timeline["time (UTC)"].isna().all():
+        timeline = timeline.drop(columns="time (UTC)")
+    # NOTE: a static table: its cells wrap, so "what" is never cut mid-word (a data grid
+    # cuts long text at the column's edge); trace strings in it are shown as text
+    st.table(timeline.set_index("seq"))
 
 
 def page_conformance(audit: data.Audit) -> None:
@@ -313,7 +329,7 @@ def page_conformance(audit: data.Audit) -> None:
     titles = data.check_titles(audit)
     st.dataframe(matrix.style.map(_verdict_style, subset=checks), hide_index=True,
                  width="stretch", height=_height(len(matrix), 30),
-                 column_config={"run_id": st.column_config.TextColumn("run", width="medium"),
+                 column_config={"run_id": _RUN_COLUMN,
                                 **{c: st.column_config.TextColumn(
                                     c.removeprefix("INV_"), width="small",
                                     help=titles.get(c)) for c in checks}})

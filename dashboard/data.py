@@ -94,6 +94,7 @@ class Audit:
     #: the open audit facade (``kvclaims.open``) the explanations are built from
     facade: Any = None
     _explained: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _seq_utc: dict[str, pd.Series] = field(default_factory=dict, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -656,6 +657,74 @@ def _with_utc(a: Audit, run_id: str, df: pd.DataFrame, ts: str = "ts_ns") -> pd.
         return df
     utc0, mono0 = int(row["utc_start_ns"].iloc[0]), int(row["mono_start_ns"].iloc[0])
     return df.assign(utc=pd.to_datetime(df[ts] - mono0 + utc0, unit="ns", utc=True))
+
+
+def seq_utc(source: Source, run_id: str) -> pd.Series:
+    """Each seq of a run and its UTC time (a Series indexed by seq; empty without a clock),
+    from the events' monotonic ``ts_ns`` and the manifest's clock anchor."""
+    a = _audit(source)
+    if run_id not in a._seq_utc:
+        row = a.runs[a.runs["run_id"] == run_id]
+        if row.empty or pd.isna(row["utc_start_ns"].iloc[0]) or a.facade is None:
+            a._seq_utc[run_id] = pd.Series(dtype="datetime64[ns, UTC]")
+        else:
+            with a._lock:
+                ev = a.facade.con.execute(
+                    "SELECT seq, ts_ns FROM events WHERE run_id = $r ORDER BY seq",
+                    {"r": run_id}).df()
+            utc0, mono0 = int(row["utc_start_ns"].iloc[0]), int(row["mono_start_ns"].iloc[0])
+            a._seq_utc[run_id] = pd.Series(
+                pd.to_datetime(ev["ts_ns"] - mono0 + utc0, unit="ns", utc=True).to_numpy(),
+                index=ev["seq"].to_numpy())
+    return a._seq_utc[run_id]
+
+
+def add_utc(source: Source, run_id: str, df: pd.DataFrame,
+            columns: Sequence[str] = ("seq",)) -> pd.DataFrame:
+    """``df`` with ``<column>_utc`` beside each seq column: the UTC time of that seq as
+    milliseconds since the epoch (float), for a wall-clock x axis, and ``<column>_iso`` (ISO
+    8601, for tooltips); unchanged when the run has no clock."""
+    times = seq_utc(source, run_id)
+    if times.empty:
+        return df
+    ms = pd.Series(times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy()
+                   .astype("datetime64[ns]").astype("int64") / 1e6, index=times.index)
+    out = df.copy()
+    for c in columns:
+        if c in out.columns:
+            out[f"{c}_utc"] = [None if _na(v) else ms.get(int(v)) for v in out[c]]
+            out[f"{c}_iso"] = [None if _na(v) or int(v) not in times.index
+                               else times[int(v)].isoformat(timespec="milliseconds")
+                               .replace("+00:00", "Z") for v in out[c]]
+    return out
+
+
+def claim_position_lanes(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
+    """One row per position of a claim instance: ``position, start`` (the seq it was bound),
+    ``end`` (the seq it was lost, else the run's last seq), ``label``, ``block_id`` and
+    ``by_request_id`` of the loss (None while it stayed), from ``claim_timeline``."""
+    a = _audit(source)
+    cols = ["position", "start", "end", "label", "block_id", "by_request_id"]
+    if a.facade is None:
+        return pd.DataFrame(columns=cols)
+    with a._lock:
+        df = a.facade.con.execute("""
+            WITH b AS (SELECT position, min(seq) AS start FROM claim_timeline
+                       WHERE run_id = $r AND claim_seq = $i AND what = 'claim_bound'
+                         AND position IS NOT NULL GROUP BY position),
+                 l AS (SELECT position, min(seq) AS lost,
+                              arg_min(label, seq) AS label, arg_min(block_id, seq) AS block_id,
+                              arg_min(by_request_id, seq) AS by_request_id
+                       FROM claim_timeline
+                       WHERE run_id = $r AND claim_seq = $i AND kind = 'loss'
+                         AND position IS NOT NULL GROUP BY position)
+            SELECT coalesce(b.position, l.position) AS position, b.start, l.lost,
+                   l.label, l.block_id, l.by_request_id
+            FROM b FULL JOIN l USING (position) ORDER BY position""",
+            {"r": run_id, "i": claim_seq}).df()
+    last = _last_seq(a, run_id)
+    df["end"] = [lost if not _na(lost) else last for lost in df["lost"]]
+    return df[cols].astype({"start": "Int64", "end": "Int64"})
 
 
 def has_clock(source: Source, run_id: str) -> bool:

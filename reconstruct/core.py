@@ -472,7 +472,9 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
         rid = run.run_id
         info.manifests[rid] = run.manifest
         info.run_dirs[rid] = run.path
-        entry = loader._sealed_entry(run)
+        info.truncations.extend(run.notes)   # NOTE: warnings (an aliased run id), no hole
+        # NOTE: an aliased run is always copied: its sealed file carries the recorded run id
+        entry = loader._sealed_entry(run) if run.recorded_run_id is None else None
         state = {"fell_back": False}
 
         def note(msg: str, rid: str = rid) -> None:

@@ -19,6 +19,7 @@ the same decoded, checked batches one at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -214,10 +215,15 @@ class RunDir:
     path: Path
     manifest: dict[str, Any]
     segments: list[Path]
+    #: the run id its files carry, when ``run_id`` is an alias (another run given beside it
+    #: has the same id: each is told apart by its path; see ``open_runs``)
+    recorded_run_id: str | None = None
+    #: warnings about this run that are no hole (e.g. the alias)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def run_id(self) -> str:
-        """The run id from the manifest."""
+        """The run id from the manifest (an alias naming the path when the id is shared)."""
         return self.manifest["run_id"]
 
 
@@ -396,21 +402,50 @@ def open_run(run_dir: str | Path) -> RunDir:
 
 
 def open_runs(paths: Sequence[str | Path]) -> list[RunDir]:
-    """Find and check every run the paths name, ordered by run_id; run ids must be unique."""
+    """Find and check every run the paths name, ordered by run_id.
+
+    Runs whose manifests share one run id (two recordings given one name, a copy beside its
+    original) are all kept: each is told apart by its path, as run id ``<id>@<path>``, and
+    carries a warning in ``notes``. NOTE: the alias is applied when the run's events are read
+    (``read_run``), so every table and view sees distinct runs.
+    """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    runs: dict[str, RunDir] = {}
+    found: list[RunDir] = []
+    where: set[Path] = set()
     for p in paths:
         for run_dir in find_run_dirs(p):
             run = open_run(run_dir)
-            other = runs.get(run.run_id)
-            if other is not None:
-                if other.path.resolve() == run.path.resolve():
-                    continue  # the same directory named twice
-                raise TraceError(f"{run.path / MANIFEST_NAME}: run_id {run.run_id!r} also in "
-                                 f"{other.path / MANIFEST_NAME}")
-            runs[run.run_id] = run
+            if run.path.resolve() in where:
+                continue  # the same directory named twice
+            where.add(run.path.resolve())
+            found.append(run)
+    by_id: dict[str, list[RunDir]] = {}
+    for run in found:
+        by_id.setdefault(run.run_id, []).append(run)
+    for rid, group in by_id.items():
+        if len(group) > 1:
+            for run in group:
+                _alias(run, [o.path for o in group if o is not run])
+    runs = {r.run_id: r for r in found}
     return [runs[k] for k in sorted(runs)]
+
+
+def _alias(run: RunDir, others: Sequence[Path]) -> None:
+    """Tell ``run`` apart from ``others`` (same run id) by its path, with a warning."""
+    rid = run.run_id
+    alias = f"{rid}@{run.path}"
+    run.recorded_run_id = rid
+    run.manifest = {**run.manifest, "run_id": alias}
+    run.notes.append(f"{run.path / MANIFEST_NAME}: run_id {rid!r} is also the id of "
+                     f"{', '.join(str(o) for o in others)}; this run is shown as {alias!r}")
+
+
+def _relabel(batch: pa.RecordBatch, run_id: str) -> pa.RecordBatch:
+    """The batch with every event's run_id replaced (an aliased run, ``open_runs``)."""
+    i = batch.schema.get_field_index("run_id")
+    return batch.set_column(i, batch.schema.field(i), pa.array([run_id] * batch.num_rows,
+                                                               pa.string()))
 
 
 # -- segments ---------------------------------------------------------------------------------
@@ -705,6 +740,15 @@ def read_run(run: RunDir, report: Callable[[str], None],
     sealed copy whose segments deliver every event instead.
     """
     warn = warn or report
+    if run.recorded_run_id is not None:
+        # NOTE: the files carry the recorded id; checked against it, then relabelled
+        recorded = RunDir(run.path, {**run.manifest, "run_id": run.recorded_run_id},
+                          run.segments)
+        alias_hole = (None if on_hole is None else
+                      (lambda h: on_hole(dataclasses.replace(h, run_id=run.run_id))))
+        for batch in read_run(recorded, report, alias_hole, sealed=sealed, warn=warn):
+            yield _relabel(batch, run.run_id)
+        return
     skip_through: int | None = None
     entry = _sealed_entry(run) if sealed else None
     if entry is not None:
@@ -847,6 +891,8 @@ def iter_batches(paths: Sequence[str | Path], *,
     runs = open_runs(paths)
     sink = truncations.append if truncations is not None else (lambda _msg: None)
     for run in runs:
+        for note in run.notes:
+            sink(note)
         yield from read_run(run, sink, holes.append if holes is not None else None,
                             sealed=sealed)
 
@@ -939,6 +985,7 @@ def load_runs(paths: Sequence[str | Path], *, sealed: bool = True) -> Trace:
     for run in runs:
         trace.manifests[run.run_id] = run.manifest
         trace.run_dirs[run.run_id] = run.path
+        trace.truncations.extend(run.notes)   # NOTE: a warning, not a hole
 
         def note(msg: str, rid: str = run.run_id) -> None:
             # NOTE: every hole marks the run truncated: downstream, outcomes that could have

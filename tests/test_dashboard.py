@@ -500,11 +500,86 @@ def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) 
 
     page = build_report(data.load_audit([SWEEP / NATIVE_80, MULTI]))
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "<script" not in page and "<link" not in page
+    # one script: the charts' specs (JSON) and the inlined Vega libraries; nothing fetched
+    assert page.count("<script") == 2 and "<link" not in page and "<script src" not in page
     assert "src=\"http" not in page and "href=\"http" not in page
-    assert page.count("data:image/png;base64,") >= 3  # headline + two timelines
+    assert page.count('class="chart"') >= 4  # headline + two timelines + a block lane
     assert "1 of 1 claims harmed; blocks lost: 50 harm" in page
     assert "not exercised" in page and "v-not_exercised" in page
+
+
+def test_report_folds_all_but_each_tenants_first_incident(audit: data.Audit) -> None:
+    from kvclaims.dashboard.report import explanation_html
+
+    expl = data.explanation(audit, "tenant-resident")
+    page = explanation_html(expl)
+    harmed = sum(s.outcome == "harmed" for s in expl.sections)
+    assert harmed >= 10 and page.count("<details") == len(expl.sections)
+    assert page.count("<details open>") == 1  # the first incident; the others one click away
+
+
+def test_report_has_a_capacity_sweep_section_for_a_sweep(audit: data.Audit) -> None:
+    from kvclaims.dashboard.report import build_report
+
+    page = build_report(data.load_audit([SWEEP]))
+    assert "<h2>Capacity sweep</h2>" in page
+    assert "21 points: the active request's allocation evicted resident blocks as harm at 10" \
+        in page
+
+
+def test_report_of_one_run_has_no_sweep_section() -> None:
+    # negative twin
+    from kvclaims.dashboard.report import build_report
+
+    assert "Capacity sweep" not in build_report(data.load_audit([SWEEP / NATIVE_80]))
+
+
+def test_report_chart_specs_cannot_close_their_script(tmp_path: Path) -> None:
+    from kvclaims.dashboard.report import build_report
+
+    page = build_report([_evil_run(tmp_path, "http://127.0.0.1:9")])
+    specs = page.split('id="kvc-charts">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in specs and "\\u003cimg" in specs
+
+
+def test_every_lane_state_of_a_chart_has_its_own_colour() -> None:
+    from kvclaims.dashboard.charts import CLAIM_STATE_COLORS, REQUEST_STATE_COLORS
+
+    for colors in (CLAIM_STATE_COLORS, REQUEST_STATE_COLORS):
+        assert len(set(colors.values())) == len(colors), colors
+        assert data.LABEL_COLORS["harm"] not in colors.values()  # vermillion is harm's
+    assert CLAIM_STATE_COLORS["demoted"] != CLAIM_STATE_COLORS["expired"] != \
+        CLAIM_STATE_COLORS["released"] != CLAIM_STATE_COLORS["demoted"]
+    assert REQUEST_STATE_COLORS["served"] != REQUEST_STATE_COLORS["deferred_then_served"]
+
+
+def test_the_timeline_on_a_wall_clock_axis_is_in_utc_milliseconds(audit: data.Audit) -> None:
+    from kvclaims.dashboard.report import run_timeline
+
+    spec = run_timeline(audit, MULTI_RUN, axis="utc").to_dict()
+    enc = spec["vconcat"][0]["layer"][0]["encoding"]["x"]
+    assert enc["field"] == "seq_utc" and "utcFormat" in enc["axis"]["labelExpr"]
+    occ = data.add_utc(audit, MULTI_RUN, data.occupancy_long(audit, MULTI_RUN))
+    first = data.seq_utc(audit, MULTI_RUN)
+    seq = int(occ["seq"].iloc[0])
+    assert occ["seq_utc"].iloc[0] == first[seq].value / 1e6
+
+
+def test_a_run_without_a_clock_draws_its_timeline_by_seq(reused: data.Audit) -> None:
+    # negative twin: no clock, so the UTC axis falls back to seq
+    from kvclaims.dashboard.report import run_timeline
+
+    (run_id,) = reused.run_ids
+    spec = run_timeline(reused, run_id, axis="utc").to_dict()
+    assert spec["vconcat"][0]["layer"][0]["encoding"]["x"]["field"] == "seq"
+
+
+def test_a_claims_block_lane_has_one_row_per_position(audit: data.Audit) -> None:
+    lanes = data.claim_position_lanes(audit, NATIVE_80, 2)
+    assert list(lanes["position"]) == list(range(60))
+    lost = lanes.dropna(subset=["label"])
+    assert len(lost) == 50 and set(lost["label"]) == {"harm"}
+    assert sorted(lost["position"]) == list(range(10, 60))
 
 
 def _evil_run(tmp_path: Path, url: str) -> Path:
@@ -609,9 +684,41 @@ def test_app_tenant_page_starts_at_the_tenant_with_the_most_harm(
     assert at.selectbox(key="tenant").value == "tenant-resident"
     (harmed,) = [w.value for w in at.warning]
     assert harmed.startswith("Outcome\\: harmed")
-    assert any("50 of your 60 block" in m.value for m in at.markdown)
+    assert any("44 of your 60 block" in m.value for m in at.markdown)  # the first moment
+    assert any("6 of your 60 block" in m.value for m in at.markdown)   # the second
     at.selectbox(key="tenant").set_value("tenant-a").run()
     assert not at.warning and any(i.value.startswith("Outcome\\: released") for i in at.info)
+
+
+def test_app_tenant_timeline_is_a_table_that_keeps_every_word(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, MULTI), "Tenants")
+    at.selectbox(key="tenant").set_value("tenant-b").run()
+    whats = [w for t in at.table for w in t.value["what"]]
+    expl = data.explanation(data.load_audit([MULTI]), "tenant-b")
+    assert whats == [m.text for s in expl.sections for m in s.timeline]
+
+
+def test_app_timeline_offers_a_utc_axis_for_a_run_with_a_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, MULTI), "Timeline")
+    axis = at.radio(key="timeline_axis")
+    assert axis.options == ["time (UTC)", "seq"]
+    axis.set_value("seq").run()
+    assert not at.exception
+
+
+def test_app_timeline_of_a_run_without_a_clock_has_no_axis_choice(
+        monkeypatch: pytest.MonkeyPatch, reused: data.Audit) -> None:
+    # negative twin: a JSON Lines import has no clock, so seq is the only axis
+    at = _page(_app(monkeypatch, *reused.paths), "Timeline")
+    assert not at.exception and "timeline_axis" not in {r.key for r in at.radio}
+
+
+def test_app_claims_page_draws_the_claims_block_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, SWEEP / NATIVE_80), "Claims")
+    assert not at.exception
+    assert any("one lane per position" in m.value for m in at.markdown)
 
 
 def test_app_conformance_never_counts_not_exercised_as_pass(
@@ -838,6 +945,14 @@ def test_browser_opens_every_page_and_the_report_at_1400px(chromium, tmp_path: P
     chromium.get(report.as_uri())
     body = _wait_text(chromium, summary, log)
     assert "claim:resident was harmed by:" in body
+    assert "Capacity sweep" in body and "21 points: the active request's allocation" in body
+    _wait_charts(chromium)
+    assert chromium.execute_script("return document.documentElement.scrollWidth") <= 1400
+    legends = chromium.execute_script(_LEGENDS_JS)
+    states = [g for g in legends if (g["title"] or "").endswith(": state")]
+    assert {g["title"] for g in states} >= {"claims: state", "requests: state"}, legends
+    for g in states:  # every state on a lane has its own colour
+        assert len(g["fills"]) >= 2 and len(set(g["fills"])) == len(g["fills"]), g
     _shot(chromium, shots / "report.png")
     for png in shots.iterdir():
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -845,6 +960,41 @@ def test_browser_opens_every_page_and_the_report_at_1400px(chromium, tmp_path: P
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         for png in shots.iterdir():
             shutil.copyfile(png, SCREENSHOTS / png.name)
+
+
+#: Every legend the report's charts drew: its title and the fill of each symbol.
+_LEGENDS_JS = """
+return Array.from(document.querySelectorAll('.chart svg g.role-legend')).map(l => ({
+  title: (l.querySelector('.role-legend-title text') || {}).textContent || null,
+  fills: Array.from(l.querySelectorAll('.role-legend-symbol path'))
+              .map(p => p.getAttribute('fill'))}));
+"""
+
+
+def _wait_charts(driver) -> None:
+    """Until Vega has drawn an SVG in every chart placeholder of the report."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 60, poll_frequency=0.25).until(lambda d: d.execute_script(
+        "const c = document.querySelectorAll('.chart');"
+        "return c.length > 0 && document.querySelectorAll('.chart svg').length >= c.length;"))
+
+
+def test_browser_dashboard_over_two_runs_with_one_id_shows_both(chromium,
+                                                                tmp_path: Path) -> None:
+    """Two copies of one run (one run id) under one folder: the app keeps going, both runs
+    told apart by path, with a warning; never a blank app."""
+    for name in ("first", "second"):
+        shutil.copytree(MULTI, tmp_path / "runs" / name)
+    log = tmp_path / "dashboard.log"
+    proc, url = _serve([tmp_path / "runs"], log)
+    try:
+        chromium.get(f"{url}?page=overview")
+        body = _wait_text(chromium, "also the id of", log)
+        assert "Cannot read the trace" not in body and "2 runs" in body
+        assert f"{MULTI_RUN}@{tmp_path / 'runs' / 'first'}" in body
+    finally:
+        _stop(proc)
 
 
 def test_browser_fetches_nothing_a_crafted_trace_names(chromium, tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ def test_a_refusal_is_explained_in_capacity_terms() -> None:
         text = ex.to_text()
     assert [s.outcome for s in ex.sections] == ["refused"]
     assert ("60 block(s) were protected by claims in force (0 of yours, 1 of other tenants), "
-            "you needed 70, 80 were usable, shortfall 50") in text
+            "other running requests held 0, you needed 70, 80 were usable, shortfall 50") in text
     assert "claim:resident" not in text and "tenant-a" not in text
 
 
@@ -128,10 +128,11 @@ def test_a_harm_is_explained_in_capacity_terms_with_utc(tmp_path: Path) -> None:
         assert harmed, "the shipped native-80 trace has a harmed claim"
         tenant, seq = harmed[0]
         text = explain(a, tenant).to_text()
-    assert re.search(rf"at \d\d:\d\d:\d\d\.\d{{3}} UTC \(seq {seq}\) \d+ of your \d+ "
-                     r"block\(s\) were evicted \(harm\) to admit another tenant's request "
-                     r"that needed \d+ block\(s\) while \d+ were usable - \d+ \+ \d+ (>|<=) "
-                     r"\d+", text)
+    assert re.search(rf"at \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}Z \(seq {seq}\) \d+ of "
+                     r"your \d+ block\(s\) were evicted \(harm\) to admit another tenant's "
+                     r"request; at its admission \(seq \d+\) it needed \d+ block\(s\) while \d+ "
+                     r"were usable and \d+ were protected by claims in force \(\d+ claim\(s\) of "
+                     r"yours, \d+ of other tenants\) - \d+ \+ \d+ (>|<=) \d+", text)
     assert "no clock" not in text
 
 
@@ -160,7 +161,7 @@ def test_tenants_by_harm_starts_with_the_most_harmed(audit) -> None:
 
 def test_json_has_one_shape(audit) -> None:
     doc = json.loads(explain(audit, "tenant-b").to_json())
-    assert set(doc) == {"tenant", "runs", "clock", "sections"}
+    assert set(doc) == {"tenant", "runs", "clock", "window", "sections"}
     assert set(doc["sections"][0]) >= {"kind", "id", "outcome", "promised", "lowering",
                                        "timeline", "why", "value_lost", "prevention"}
 
@@ -199,3 +200,44 @@ def test_a_copied_trace_explains_the_same(tmp_path: Path, audit) -> None:
     shutil.copytree(MULTI, tmp_path / "copy")
     with kvclaims.open([tmp_path / "copy"]) as a:
         assert explain(a, "tenant-c").to_text() == explain(audit, "tenant-c").to_text()
+
+
+# -- time windows ---------------------------------------------------------------------------------
+
+def test_at_a_time_of_day_keeps_the_sections_with_a_moment_there(audit) -> None:
+    from kvclaims.explaining import run_days, time_window
+
+    w = time_window("05:56:46.6", "50ms", days=run_days(audit))
+    ex = explain(audit, "tenant-b", window=w)
+    assert [s.id for s in ex.sections] == ["b:doc"]
+    assert ex.window == {"since": "2026-11-30T05:56:46.550Z", "until": "2026-11-30T05:56:46.650Z"}
+
+
+def test_a_window_with_nothing_in_it_keeps_no_section(audit) -> None:
+    # negative twin
+    from kvclaims.explaining import time_window
+
+    w = time_window(since="2026-11-30T06:00:00Z", until="2026-11-30T07:00:00Z")
+    assert explain(audit, "tenant-b", window=w).sections == []
+
+
+def test_cli_at_gives_iso_times_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(MULTI), "--tenant", "tenant-b", "--at",
+                 "2026-11-30T05:56:46Z", "--window", "2s", "--format", "json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["window"]["since"] == "2026-11-30T05:56:44.000Z"
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", m["utc"])
+               for s in doc["sections"] for m in s["timeline"])
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--at", "25:00"], "bad time"), (["--at", "05:56", "--window", "soon"], "bad duration"),
+    (["--window", "1m"], "--window needs --at"),
+    (["--since", "05:56:44", "--until", "05:56:40"], "before --since"),
+    (["--at", "05:56", "--since", "05:56"], "not both")])
+def test_cli_bad_window_is_one_line_exit_2(args: list[str], msg: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["explain", str(MULTI), "--tenant", "tenant-b", *args]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1

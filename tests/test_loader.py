@@ -89,11 +89,14 @@ def test_the_same_run_named_twice_loads_once(tmp_path: Path) -> None:
     assert load_runs([run, run]).events.num_rows == 5
 
 
-def test_two_runs_with_one_run_id_are_refused(tmp_path: Path) -> None:
+def test_two_runs_with_one_run_id_are_both_loaded_told_apart_by_path(tmp_path: Path) -> None:
     _record(tmp_path / "x", "same", n=1)
     _record(tmp_path / "y", "same", n=1)
-    with pytest.raises(TraceError, match="also in"):
-        load_runs([tmp_path / "x", tmp_path / "y"])
+    trace = load_runs([tmp_path / "x", tmp_path / "y"])
+    ids = sorted(trace.manifests)
+    assert ids == [f"same@{tmp_path / 'x'}", f"same@{tmp_path / 'y'}"]
+    assert sorted(set(trace.events.column("run_id").to_pylist())) == ids
+    assert len(trace.truncations) == 2 and not trace.truncated_runs  # warnings, no hole
 
 
 def test_rotated_segments_load_in_order(tmp_path: Path) -> None:

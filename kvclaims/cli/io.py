@@ -21,7 +21,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import date, datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
@@ -33,7 +33,7 @@ from kvclaims.reconstruct.loader import EVENTS_SCHEMA, iter_batches
 from kvclaims.audit import check_read_only
 from kvclaims import queries
 from kvclaims.audit import _sql_error
-from kvclaims.explaining import explain
+from kvclaims.explaining import explain, run_days, time_window
 from kvclaims.fleet import open_dataset_audit
 from kvclaims.sources.arbiter_traces import convert_file
 from kvclaims.sources.kv_events import import_capture
@@ -110,6 +110,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--request", default=None, help="only this request of the tenant")
     p.add_argument("--format", choices=EXPLAIN_FORMATS, default="text",
                    help="text (default), md, html (one self-contained file) or json")
+    p.add_argument("--at", default=None, metavar="TIME",
+                   help="only claims and requests with something within --window of TIME: an "
+                        "ISO 8601 date-time (no zone: UTC) or a UTC time of day such as 14:02 "
+                        "(on the runs' first day)")
+    p.add_argument("--window", default=None, metavar="DURATION",
+                   help="with --at: how far either side of TIME (30s, 500ms, 2m, 1h; "
+                        "default 1m)")
+    p.add_argument("--since", default=None, metavar="TIME",
+                   help="only claims and requests with something at or after TIME")
+    p.add_argument("--until", default=None, metavar="TIME",
+                   help="only claims and requests with something at or before TIME")
     p.add_argument("--out", default=None, metavar="FILE", help="write here instead of stdout")
     audit_options(p)
     p.set_defaults(func=cmd_explain)
@@ -382,9 +393,14 @@ def write_parquet(rel: Any, out: str | Path) -> int:
 
 # -- explain --------------------------------------------------------------------------------------
 
+#: Any day: a time of day is checked for syntax before the runs (and their days) are read.
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """``kvclaims explain``: one tenant's post-incident explanation."""
 
+    # NOTE: the window's syntax is checked before any trace is read (bad input: one line)
+    time_window(args.at, args.window, args.since, args.until, days=[_EPOCH])
     if args.dataset is not None:
 
         if args.paths:
@@ -395,8 +411,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         source = open_audit(args, args.paths, "explain")
     with source as audit:
-        text = explain(audit, args.tenant, claim=args.claim,
-                       request=args.request).render(args.format)
+        window = time_window(args.at, args.window, args.since, args.until,
+                             days=run_days(audit))
+        text = explain(audit, args.tenant, claim=args.claim, request=args.request,
+                       window=window).render(args.format)
     _write(args.out, text)
     return 0
 

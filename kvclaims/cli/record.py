@@ -19,7 +19,7 @@ from kvclaims.contract.policies import POLICIES
 from kvclaims.sources.scenarios import SCENARIOS
 from kvclaims.contract.schema import InputError
 from kvclaims.sources import scenarios
-from kvclaims.sources.scenarios import record
+from kvclaims.sources.scenarios import check_run_id, record
 import kvclaims
 from kvclaims.reconstruct.loader import read_manifest
 
@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=sorted(POLICIES), default=None,
                    help="run policy; default: the scenario's own")
     p.add_argument("--out", required=True, type=Path, help="run directory to create")
+    p.add_argument("--run-id", default=None, metavar="ID",
+                   help="the run's id (default: <scenario>-<policy>-<usable blocks>-<UTC "
+                        "time>, which no other recording shares)")
     p.add_argument("--model", type=Path, default=None,
                    help="model folder (default: the tiny random-weight model, built locally)")
     p.add_argument("--json", action="store_true",
@@ -167,6 +170,8 @@ def _progress_of_driver(progress: Progress) -> Iterator[None]:
 
 def _record(args: argparse.Namespace) -> int:
 
+    if args.run_id is not None:
+        check_run_id(args.run_id)   # NOTE: bad input is refused before the engine starts
     _quiet_vllm(args.verbose)
     with _engine_noise_aside(args.verbose) as terminal, \
             Progress("record", quiet=args.quiet, key=f"record {args.scenario}",
@@ -174,7 +179,7 @@ def _record(args: argparse.Namespace) -> int:
         progress.stage("engine start")
         with _progress_of_driver(progress):
             view = record(args.scenario, args.usable_blocks, args.policy, args.out,
-                          model_dir=args.model)
+                          model_dir=args.model, run_id=args.run_id)
         progress.stage("closing: reconstructing the trace")
         claims, losses = _claims_and_losses(args.out)
     if args.json:
@@ -182,7 +187,7 @@ def _record(args: argparse.Namespace) -> int:
                           "losses_by_label": losses}, indent=2, default=str))
         return 0
     print(f"recorded {view['scenario']} (policy {view['policy']}, {view['usable_blocks']} usable "
-          f"blocks) into {args.out}")
+          f"blocks) into {args.out} as run {view['run_id']}")
     print("requests (vLLM's own report):")
     for r in view["requests"]:
         stop = f"  [{r['stop_reason']}]" if r.get("stop_reason") else ""

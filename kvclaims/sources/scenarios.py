@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,25 @@ def engine_args(model_dir: Path, usable_blocks: int, kvclaims: dict[str, Any],
     )
 
 
+def default_run_id(scenario: str, policy: str, usable: int,
+                   now: datetime | None = None) -> str:
+    """A run id no other recording shares: ``<scenario>-<policy>-<usable>-<UTC time>``
+    (``20261201T162511.123456Z``). NOTE: the time, to the microsecond, keeps two recordings
+    of one configuration apart (a new demo run beside a shipped sweep point)."""
+    now = now or datetime.now(timezone.utc)
+    return f"{scenario}-{policy}-{usable}-{now.astimezone(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id given on the command line: 1-200 printable characters without '/', '@'
+    (``<id>@<path>`` tells runs apart that share an id) or surrounding spaces."""
+    if (not run_id or len(run_id) > 200 or run_id != run_id.strip()
+            or any(c in run_id for c in "/@\\") or not run_id.isprintable()):
+        raise InputError(f"bad run id {run_id[:60]!r}: 1-200 printable characters, no "
+                         "'/', '\\', '@' and no surrounding spaces")
+    return run_id
+
+
 def record(scenario: str | Scenario, usable_blocks: int | None, policy: str | None, out: Path,
            *, model_dir: Path | None = None, run_id: str | None = None,
            extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -267,7 +287,8 @@ def record(scenario: str | Scenario, usable_blocks: int | None, policy: str | No
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} already exists and is not empty")
     model = Path(model_dir) if model_dir else ensure_tiny_model()
-    run_id = run_id or f"{scenario}-{policy}-{usable}"
+    run_id = check_run_id(run_id) if run_id is not None else default_run_id(
+        scenario, policy, usable)
     manifest = {"scenario": scenario, **(extra_manifest or {})}
     cfg = {"out": str(out), "policy": policy, "run_id": run_id, "manifest": manifest,
            **spec.engine}
