@@ -47,7 +47,9 @@ _MAX_BODY: Final[int] = 1 << 40
 
 # Columns a schema version added: a segment of an older version may lack them (read as null);
 # every other column is required (a segment without its claim_id column is not our trace).
-COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2}
+COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2,
+                                       "max_num_batched_tokens": 3, "max_num_seqs": 3,
+                                       "max_defer_steps": 3, "max_defer_s": 3}
 
 # Value ranges every reader relies on (inclusive). NOTE: block counts and positions stay below
 # 2**30 so that sums of two (e.g. protected + required) cannot overflow int32 in SQL; ttl_s is
@@ -62,6 +64,8 @@ VALUE_RANGES: Final[dict[str, tuple[float, float]]] = {
     "shortfall_blocks": (-(2**30), 2**30 - 1), "num_cached_tokens": (0, 2**31 - 1),
     "num_output_tokens": (0, 2**31 - 1), "block_id": _BLOCKS, "position": _BLOCKS,
     "threshold_blocks": _BLOCKS, "ttl_s": (0.0, 1e9), "value": (-1e15, 1e15),
+    "max_num_batched_tokens": (1, 2**31 - 1), "max_num_seqs": (1, 2**31 - 1),
+    "max_defer_steps": (0, 2**31 - 1), "max_defer_s": (0.0, 1e9),
 }
 
 
@@ -715,12 +719,26 @@ def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]
     if pf.metadata.num_rows != sealed["events"] or pf.metadata.num_rows != listed:
         raise TraceError(f"{path}: holds {pf.metadata.num_rows} events, the manifest says "
                          f"{sealed['events']} (segments: {listed})")
-    if not pf.schema_arrow.equals(EVENTS_SCHEMA, check_metadata=False):
+    schema = pf.schema_arrow
+    current = schema.equals(EVENTS_SCHEMA, check_metadata=False)
+    if not current and not _older_sealed_schema(schema, run.manifest.get("schema_version")):
         raise TraceError(f"{path}: schema differs from the events schema")
     for batch in pf.iter_batches(batch_size=1 << 16):
-        batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA)
+        # NOTE: a run sealed by an older schema lacks the columns added since (read as null)
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA) if current \
+            else decode_batch(batch)
         check_ranges(batch, str(path))
         yield batch
+
+
+def _older_sealed_schema(schema: pa.Schema, version: Any) -> bool:
+    """Whether a sealed file's schema is the events schema of the older ``version``: the same
+    columns in the same order, less exactly those added after that version."""
+    if not _is_int(version) or version >= SCHEMA_VERSION:
+        return False
+    expected = [f for f in EVENTS_SCHEMA if COLUMN_SINCE.get(f.name, 1) <= version]
+    return len(schema) == len(expected) and all(
+        a.equals(b) for a, b in zip(schema, expected))
 
 
 def read_run(run: RunDir, report: Callable[[str], None],

@@ -14,10 +14,12 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-SCHEMA_VERSION: Final[int] = 2
+SCHEMA_VERSION: Final[int] = 3
 # Versions this kvclaims reads. Version 2 added the ``step`` column, ``hook_failed``,
 # ``claim_release_refused``, ``released_by``, preemption attribution and the ``unknown`` cause.
-READABLE_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1, 2})
+# Version 3 added the scheduler settings a replay needs on ``run_started``
+# (``max_num_batched_tokens``, ``max_num_seqs``, ``max_defer_steps``, ``max_defer_s``).
+READABLE_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1, 2, 3})
 RECORDER_VERSION: Final[str] = "0.1.0"
 
 # Envelope columns every event carries (never null).
@@ -49,6 +51,13 @@ COLUMNS: Final[dict[str, pa.DataType]] = {
     "events_dropped": pa.int64(),
     "first_seq": pa.int64(),
     "last_seq": pa.int64(),
+    # the engine's scheduler settings (run_started, schema 3): how many tokens one step may
+    # schedule (chunked prefill) and how many requests may run at once, and the arbiter's
+    # deferral limits; what a replay (kvclaims whatif) needs to schedule as the engine did
+    "max_num_batched_tokens": pa.int32(),
+    "max_num_seqs": pa.int32(),
+    "max_defer_steps": pa.int32(),
+    "max_defer_s": pa.float64(),
     # requests
     "request_id": _DICT_STR,
     "tenant": _DICT_STR,
@@ -89,7 +98,8 @@ _ADMISSION = ("request_id", "blocks_required", "free_blocks", "protected_blocks"
 # Event name -> the fields it may carry beyond the envelope.
 EVENTS: Final[dict[str, tuple[str, ...]]] = {
     "run_started": ("runtime", "runtime_version", "model", "block_size", "num_blocks",
-                    "usable_blocks", "policy", "schema_version", "recorder_version"),
+                    "usable_blocks", "policy", "schema_version", "recorder_version",
+                    "max_num_batched_tokens", "max_num_seqs", "max_defer_steps", "max_defer_s"),
     "run_finished": ("events_written", "events_dropped"),
     "recorder_gap": ("first_seq", "last_seq", "events_dropped", "reason"),
     "request_arrived": ("request_id", "tenant", "num_prompt_tokens", "claim_id"),
