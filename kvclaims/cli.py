@@ -28,7 +28,7 @@ from typing import Final
 from kvclaims.recorder.schema import InputError
 
 _PARTS = ("kvclaims.recording", "kvclaims.io_commands", "kvclaims.reconstruct_commands",
-          "kvclaims.listening", "kvclaims.dashboard.commands")
+          "kvclaims.listening", "kvclaims.dashboard.commands", "kvclaims.whatif")
 
 EXIT_OK: Final[int] = 0
 EXIT_CHECK_FAILED: Final[int] = 1

@@ -565,3 +565,376 @@ def _finish_manifest(out: Path, notes: list[str], steps: int) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=2))
     tmp.replace(path)
+
+
+# -- fidelity: a replay under the recorded settings against the recording -------------------------
+
+#: The aspects compared, in report order.
+FIDELITY_ASPECTS: tuple[str, ...] = (
+    "requests", "refusals", "prefix_hits", "blocks", "evictions", "claims", "losses", "steps")
+
+
+def fidelity(recorded: str | Path, replayed: str | Path, *, examples: int = 5) -> dict[str, Any]:
+    """Compare a replay with the recorded run, aspect by aspect (``FIDELITY_ASPECTS``).
+
+    Each aspect is a multiset of event signatures without seqs, timestamps or hash values
+    (a block is named by the request and position that first cached it in its own trace, so
+    the replay's synthetic content compares with the recorded one): per aspect the counts,
+    how many match and a few signatures only one side has. ``exact`` is True when every
+    aspect matches; ``steps`` (the step of each request event) is reported apart from it, as
+    the recorded timing a replay reproduces or not.
+    """
+    rec, rep = _signatures(Path(recorded)), _signatures(Path(replayed))
+    aspects = {}
+    for name in FIDELITY_ASPECTS:
+        a, b = rec[name], rep[name]
+        missing, extra = a - b, b - a
+        aspects[name] = {"recorded": sum(a.values()), "replayed": sum(b.values()),
+                         "matched": sum((a & b).values()),
+                         "only_recorded": [_show(s) for s in list(missing.elements())[:examples]],
+                         "only_replayed": [_show(s) for s in list(extra.elements())[:examples]]}
+    exact = all(not v["only_recorded"] and not v["only_replayed"]
+                for k, v in aspects.items() if k != "steps")
+    return {"recorded": str(recorded), "replayed": str(replayed), "exact": exact,
+            "same_steps": not aspects["steps"]["only_recorded"]
+            and not aspects["steps"]["only_replayed"], "aspects": aspects}
+
+
+def _show(sig: tuple[Any, ...]) -> str:
+    return " ".join("-" if v is None else str(v) for v in sig)
+
+
+def _signatures(run_dir: Path) -> dict[str, Counter]:
+    """The comparable signatures of one run directory's events and reconstructed losses."""
+    import kvclaims
+
+    audit = kvclaims.open([run_dir])
+    try:
+        rows = audit.sql("""
+            SELECT event, step, request_id, position, block_hash, cause, by_request_id,
+                   claim_id, reason, released_by, blocks_required, free_blocks,
+                   protected_blocks, shortfall_blocks, blocking_claim_ids, finish_reason,
+                   num_cached_tokens, num_output_tokens
+            FROM events ORDER BY seq""").fetchall()
+        losses = audit.sql("SELECT block_hash, label, list_sort(claim_ids), by_request_id, "
+                           "cause FROM losses ORDER BY seq").fetchall()
+    finally:
+        audit.close()
+    ident: dict[int, tuple[str, int]] = {}
+    for r in rows:
+        if r[0] in ("block_cached", "block_hit") and r[4] is not None:
+            ident.setdefault(int(r[4]), (r[2], r[3]))
+    name = lambda h: ident.get(int(h), ("?", "?")) if h is not None else None  # noqa: E731
+    out: dict[str, Counter] = {k: Counter() for k in FIDELITY_ASPECTS}
+    for (event, step, rid, pos, h, cause, by, cid, reason, released_by, required, free,
+         protected, shortfall, blocking, finish, cached, n_out) in rows:
+        if event.startswith("request_"):
+            out["requests"][(event, rid, required, free, protected, finish, cached, n_out)] += 1
+            out["steps"][(event, rid, step)] += 1
+            if event in ("request_deferred", "request_refused"):
+                out["refusals"][(event, rid, shortfall, tuple(sorted(blocking or ())),
+                                 reason)] += 1
+        elif event == "block_hit":
+            out["prefix_hits"][(rid, pos)] += 1
+        elif event in ("block_cached", "block_allocated", "block_freed"):
+            out["blocks"][(event, rid, pos)] += 1
+        elif event == "block_evicted":
+            out["evictions"][(name(h), cause, by)] += 1
+        elif event == "claim_harmed":
+            out["claims"][(event, cid, name(h))] += 1
+        elif event.startswith("claim_"):
+            out["claims"][(event, cid, reason, by, released_by, pos)] += 1
+    for h, label, claim_ids, by, cause in losses:
+        out["losses"][(name(h), label, tuple(claim_ids or ()), by, cause)] += 1
+    return out
+
+
+# -- the comparison: the recorded run beside each replayed point -----------------------------------
+
+#: Columns of the comparison, in print order.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "point", "policy", "usable_blocks", "claims_preserved", "claims_harmed", "claims_demoted",
+    "claims_other", "served", "deferred", "refused", "preempted", "lost_harm", "lost_expiry",
+    "lost_relaxation", "lost_eviction", "lost_unknown", "cached_tokens", "value_lost_by_tenant",
+    "exact")
+
+
+def summarize(run_dirs: Sequence[str | Path], points: Sequence[str]) -> list[dict[str, Any]]:
+    """One comparison row per run directory (named by ``points``), every number from the
+    reconstructor (claims, requests, losses by label, cached tokens, value lost per tenant);
+    one audit over all of them."""
+    import kvclaims
+
+    dirs = [Path(d) for d in run_dirs]
+    audit = kvclaims.open(dirs)
+    try:
+        runs = {rid: (pol, usable) for rid, pol, usable in audit.sql(
+            "SELECT run_id, policy, usable_blocks FROM events "
+            "WHERE event = 'run_started'").fetchall()}
+        claims = _by_run(audit.sql("SELECT run_id, outcome, count(*) FROM claim_outcomes "
+                                   "GROUP BY ALL").fetchall())
+        reqs = {r[0]: r[1:] for r in audit.sql("""
+            SELECT run_id,
+                   count(*) FILTER (WHERE outcome IN ('served', 'deferred_then_served')),
+                   count(*) FILTER (WHERE deferrals > 0),
+                   count(*) FILTER (WHERE outcome = 'refused'),
+                   count(*) FILTER (WHERE preemptions > 0),
+                   coalesce(sum(num_cached_tokens), 0)
+            FROM requests GROUP BY run_id""").fetchall()}
+        labels = _by_run(audit.sql("SELECT run_id, label, count(*) FROM losses "
+                                   "GROUP BY ALL").fetchall())
+        values = _by_run(audit.sql("SELECT run_id, coalesce(tenant, '-'), sum(value_lost) "
+                                   "FROM claim_outcomes GROUP BY ALL ORDER BY 2").fetchall())
+    finally:
+        audit.close()
+    rows = []
+    for run_dir, point in zip(dirs, points):
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        rid = manifest["run_id"]
+        policy, usable = runs.get(rid, (manifest.get("policy"), manifest.get("usable_blocks")))
+        outcomes = Counter(claims.get(rid, {}))
+        served, deferred, refused, preempted, cached = reqs.get(rid, (0, 0, 0, 0, 0))
+        lost = labels.get(rid, {})
+        exact = manifest.get("replay", {}).get("exact") \
+            if manifest.get("evidence") == "replayed" else None
+        main = ("preserved", "harmed", "demoted")
+        rows.append({
+            "point": point, "run_dir": str(run_dir), "run_id": rid, "policy": policy,
+            "usable_blocks": usable, "claims_preserved": outcomes["preserved"],
+            "claims_harmed": outcomes["harmed"], "claims_demoted": outcomes["demoted"],
+            "claims_other": sum(v for k, v in outcomes.items() if k not in main),
+            "served": int(served), "deferred": int(deferred), "refused": int(refused),
+            "preempted": int(preempted),
+            **{f"lost_{lab}": int(lost.get(lab, 0)) for lab in
+               ("harm", "expiry", "relaxation", "eviction", "unknown")},
+            "cached_tokens": int(cached),
+            "value_lost_by_tenant": {t: round(float(v), 6)
+                                     for t, v in values.get(rid, {}).items() if v},
+            "exact": exact})
+    return rows
+
+
+def _by_run(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, dict[Any, Any]]:
+    out: dict[str, dict[Any, Any]] = {}
+    for rid, key, value in rows:
+        out.setdefault(rid, {})[key] = value
+    return out
+
+
+def render_comparison(rows: Sequence[dict[str, Any]]) -> str:
+    """The comparison as a fixed-width text table (the recorded run first)."""
+    titles = {"point": "point", "policy": "policy", "usable_blocks": "usable",
+              "claims_preserved": "preserved", "claims_harmed": "harmed",
+              "claims_demoted": "demoted", "claims_other": "other claims", "served": "served",
+              "deferred": "deferred", "refused": "refused", "preempted": "preempted",
+              "lost_harm": "harm", "lost_expiry": "expiry", "lost_relaxation": "relax",
+              "lost_eviction": "evict", "lost_unknown": "unknown",
+              "cached_tokens": "cached tok", "value_lost_by_tenant": "value lost",
+              "exact": "exact"}
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, dict):
+            return ",".join(f"{k}={x:g}" for k, x in v.items()) or "0"
+        if isinstance(v, bool):
+            return "yes" if v else "no (approximate)"
+        return str(v)
+
+    lines = [tuple(titles[c] for c in SUMMARY_COLUMNS)]
+    lines += [tuple(cell(r.get(c)) for c in SUMMARY_COLUMNS) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(SUMMARY_COLUMNS))]
+    left = {"point", "policy", "value_lost_by_tenant", "exact"}
+    return "\n".join("  ".join(c.ljust(w) if name in left else c.rjust(w)
+                               for c, w, name in zip(line, widths, SUMMARY_COLUMNS)).rstrip()
+                     for line in lines)
+
+
+# -- the whole command -----------------------------------------------------------------------------
+
+SWEEP_POLICIES: tuple[str, ...] = ("native", "write_no_admit", "hard_protected")
+SWEEP_CAPACITIES: tuple[int, ...] = (80, 90, 100, 110, 120, 130, 150)
+
+
+@dataclass
+class WhatIf:
+    """A what-if over one recorded run: the points replayed and the comparison."""
+
+    source: Path
+    out: Path
+    points: list[ReplayResult]
+    rows: list[dict[str, Any]]
+    fidelity: dict[str, Any] | None
+    seconds: float
+
+
+def whatif(run: str | Path, policies: Iterable[str], capacities: Iterable[int],
+           out: str | Path, *, check_fidelity: bool = True,
+           progress: Callable[[str], None] | None = None) -> WhatIf:
+    """Replay the recorded run ``run`` at every (policy, capacity) point into ``out/<point>``;
+    compare each with the recording (``summarize``); where a point is the recorded policy and
+    pool, measure its fidelity. Writes ``out/whatif.json``."""
+    from kvclaims.recorder.policies import get_policy
+
+    started = time.perf_counter()
+    workload = read_workload(run)
+    points = [(get_policy(p).name, int(c)) for p in policies for c in capacities]
+    if not points:
+        raise InputError("whatif needs at least one policy and one capacity")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, (policy, usable) in enumerate(points):
+        if progress:
+            progress(f"point {i + 1}/{len(points)}: {policy} @ {usable}")
+        results.append(replay(workload, policy, usable, out / f"{policy}-{usable}"))
+    if progress:
+        progress("auditing every point")
+    rows = summarize([workload.source_dir, *[r.run_dir for r in results]],
+                     ["recorded", *[f"{r.policy}@{r.usable_blocks}" for r in results]])
+    fid = None
+    own = next((r for r in results if r.policy == workload.policy
+                and r.usable_blocks == workload.usable_blocks), None)
+    if check_fidelity and own is not None:
+        fid = fidelity(workload.source_dir, own.run_dir)
+    result = WhatIf(workload.source_dir, out, results, rows, fid,
+                    time.perf_counter() - started)
+    (out / "whatif.json").write_text(json.dumps(to_json(result), indent=2, default=str))
+    return result
+
+
+def to_json(result: WhatIf) -> dict[str, Any]:
+    """The what-if as plain JSON (``whatif.json``, ``--json``)."""
+    return {"source": str(result.source), "out": str(result.out),
+            "seconds": round(result.seconds, 3),
+            "points": [{"run_dir": str(p.run_dir), "run_id": p.run_id, "policy": p.policy,
+                        "usable_blocks": p.usable_blocks, "steps": p.steps,
+                        "seconds": round(p.seconds, 4), "exact": p.exact,
+                        "approximations": p.approximations} for p in result.points],
+            "comparison": result.rows, "fidelity": result.fidelity}
+
+
+# -- the sweep chart --------------------------------------------------------------------------------
+
+def sweep_table(result: WhatIf) -> list[dict[str, Any]]:
+    """The paper's sweep table (``capacity_sweep``) over the replayed points."""
+    from kvclaims.recording import sweep_rows
+
+    return sweep_rows([p.run_dir for p in result.points])
+
+
+def draw_sweep(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """The dashboard's sweep chart (resident blocks lost, shortfall) for these rows, as SVG."""
+    import altair as alt
+    import pandas as pd
+
+    from kvclaims.dashboard import charts
+
+    df = pd.DataFrame(list(rows))
+    lost = df.assign(metric="resident blocks lost", value=df["resident_blocks_lost"])
+    short = df.assign(metric="shortfall", value=df["shortfall_blocks"].fillna(0))
+    series = pd.concat([lost, short])[["policy", "usable_blocks", "metric", "value", "run_id"]]
+    series["value"] = series["value"].astype("int64")
+    chart = alt.hconcat(charts.sweep_chart(series, "resident blocks lost"),
+                        charts.sweep_chart(series, "shortfall"))
+    path.write_text(charts.to_svg(chart))
+    return path
+
+
+# -- command line -----------------------------------------------------------------------------------
+
+def register(sub: Any) -> None:
+    """Add ``whatif``."""
+    p = sub.add_parser(
+        "whatif", help="replay a recorded run under other policies or pool sizes (no model)",
+        description="Rebuild a recorded run's request stream and drive vLLM's own Scheduler "
+                    "with the kvclaims recorder and arbiter attached, without a model, once "
+                    "per (policy, usable blocks) point: a run directory per point under --out "
+                    "(manifest evidence: replayed), audited by the reconstructor and printed "
+                    "beside the recorded run. The point with the recorded policy and pool is "
+                    "compared with the recording event by event (fidelity).")
+    p.add_argument("run", type=Path, help="the recorded run directory")
+    p.add_argument("--policy", default=None,
+                   help="comma-separated run policies (default: the recorded one; with "
+                        "--sweep: native,write_no_admit,hard_protected)")
+    p.add_argument("--usable-blocks", default=None,
+                   help="comma-separated usable block counts (default: the recorded one; "
+                        "with --sweep: 80,90,100,110,120,130,150)")
+    p.add_argument("--sweep", action="store_true",
+                   help="the paper's grid of policies x capacities; prints its sweep table "
+                        "and draws DIR/sweep.svg")
+    p.add_argument("--out", required=True, type=Path, help="directory for the replayed runs")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--verbose", action="store_true", help="show vLLM's own log")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: Any) -> int:
+    import sys
+
+    from kvclaims.recorder.policies import POLICIES
+    from kvclaims.recording import (_engine_noise_aside, _ints, _names, _quiet_vllm,
+                                    render_table)
+
+    if args.out.exists() and any(args.out.iterdir()):
+        raise InputError(f"{args.out} already exists and is not empty")
+    workload_policy, workload_usable = _recorded_point(args.run)
+    default_p = ",".join(SWEEP_POLICIES) if args.sweep else workload_policy
+    default_c = ",".join(map(str, SWEEP_CAPACITIES)) if args.sweep else str(workload_usable)
+    policies = _names(args.policy or default_p, POLICIES)
+    capacities = _ints(args.usable_blocks or default_c)
+    _quiet_vllm(args.verbose)
+    with _engine_noise_aside(args.verbose) as terminal:
+        def progress(text: str) -> None:
+            if not args.quiet and terminal.isatty():
+                print(f"\rkvclaims whatif: {text}   ", end="", file=terminal, flush=True)
+
+        result = whatif(args.run, policies, capacities, args.out, progress=progress)
+        if not args.quiet and terminal.isatty():
+            print(file=terminal)
+    sweep = sweep_table(result) if args.sweep else None
+    chart = draw_sweep(sweep, args.out / "sweep.svg") if sweep else None
+    if args.json:
+        print(json.dumps({**to_json(result), "sweep": sweep,
+                          "sweep_chart": str(chart) if chart else None}, indent=2,
+                         default=str))
+        return 0
+    out = sys.stdout
+    print(f"what-if over {result.source} ({len(result.points)} points replayed through vLLM's "
+          f"Scheduler in {result.seconds:.1f} s) into {result.out}", file=out)
+    print(render_comparison(result.rows), file=out)
+    notes = {n for p in result.points for n in p.approximations}
+    if notes:
+        print("approximate, because:", file=out)
+        for n in sorted(notes):
+            print(f"  - {n}", file=out)
+    if result.fidelity is not None:
+        print(_fidelity_line(result.fidelity), file=out)
+    if sweep:
+        print(render_table(sweep), file=out)
+        print(f"sweep chart: {chart}", file=out)
+    return 0
+
+
+def _recorded_point(run: Path) -> tuple[str, int]:
+    """The recorded policy and usable blocks (manifest), for the defaults."""
+    from kvclaims.reconstruct.loader import read_manifest
+
+    m = read_manifest(run)
+    policy, usable = m.get("policy"), m.get("usable_blocks")
+    if not isinstance(policy, str) or not isinstance(usable, int):
+        raise InputError(f"{run}: the manifest names no policy or usable_blocks")
+    return policy, usable
+
+
+def _fidelity_line(fid: dict[str, Any]) -> str:
+    """The fidelity of the replay under the recorded settings, in one line (+ differences)."""
+    parts = [f"{k} {v['matched']}/{v['recorded']}" for k, v in fid["aspects"].items()
+             if k != "steps"]
+    head = ("fidelity (replay under the recorded policy and pool vs the recording): "
+            + ("exact" if fid["exact"] else "DIFFERS") + "; " + ", ".join(parts)
+            + ("; same steps" if fid["same_steps"] else "; steps differ"))
+    diffs = [f"  {k}: only recorded {v['only_recorded']}, only replayed {v['only_replayed']}"
+             for k, v in fid["aspects"].items() if v["only_recorded"] or v["only_replayed"]]
+    return "\n".join([head, *diffs])
