@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,7 @@ class ReplayRequest:
     tenant: str | None
     claim: dict[str, Any] | None
     releases: tuple[str, ...]
-    abort_step: int | None  # the recorded abort (between steps), if it was aborted
+    abort_at: tuple[int, int] | None  # (step, seq) of the recorded abort, if it was aborted
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Workload:
     max_defer_s: float
     max_protected_blocks_per_tenant: int | None
     requests: list[ReplayRequest]
-    operator_releases: list[tuple[int, str]]  # (step, claim_id)
+    operator_releases: list[tuple[int, int, str]]  # (step, seq, claim_id)
     step_ts_ns: dict[int, int]  # recorded step -> first event's ts (the replay's clock)
     last_step: int
     approximations: list[str] = field(default_factory=list)
@@ -108,6 +108,8 @@ def read_workload(run_dir: str | Path) -> Workload:
     if block_size is None or usable is None:
         raise InputError(f"{run_dir}: run_started has no block_size or usable_blocks; "
                          "nothing to replay against")
+    if defer_steps is None:
+        defer_steps, defer_s = _scenario_deferral(manifest, approx)
     if batched is None:
         approx.append(f"scheduler settings not in the trace (schema {version}; recorded from "
                       "schema 3 on): vLLM's defaults for this engine are assumed "
@@ -122,7 +124,7 @@ def read_workload(run_dir: str | Path) -> Workload:
     approx += req_notes
     steps = dict(con.sql("SELECT step, min(ts_ns) FROM events WHERE step IS NOT NULL "
                          "GROUP BY step").fetchall())
-    operator = con.sql("SELECT step, claim_id FROM events WHERE event = 'claim_released' "
+    operator = con.sql("SELECT step, seq, claim_id FROM events WHERE event = 'claim_released' "
                        "AND released_by = 'operator' ORDER BY seq").fetchall()
     tenant_limit = manifest.get("max_protected_blocks_per_tenant")
     return Workload(
@@ -136,9 +138,22 @@ def read_workload(run_dir: str | Path) -> Workload:
         max_defer_s=float(defer_s if defer_s is not None
                           else _manifest_float(manifest, "max_defer_s", 0.0)),
         max_protected_blocks_per_tenant=tenant_limit if isinstance(tenant_limit, int) else None,
-        requests=requests, operator_releases=[(int(s), str(c)) for s, c in operator],
+        requests=requests, operator_releases=[(int(s), int(q), str(c)) for s, q, c in operator],
         step_ts_ns={int(s): int(t) for s, t in steps.items()},
         last_step=max(steps) if steps else 0, approximations=approx)
+
+
+def _scenario_deferral(manifest: dict[str, Any], notes: list[str]) -> tuple[Any, Any]:
+    """The arbiter's deferral limits of a run recorded before schema 3: those of the built-in
+    scenario its manifest names (``kvclaims record`` sets them), else None (the defaults)."""
+    from kvclaims.recorder.scenarios import SCENARIOS
+
+    spec = SCENARIOS.get(str(manifest.get("scenario")))
+    if spec is None or not ({"max_defer_steps", "max_defer_s"} & set(spec.engine)):
+        return None, None
+    notes.append(f"deferral limits not in the trace: those of the built-in scenario "
+                 f"{spec.name!r} its manifest names ({ {k: v for k, v in spec.engine.items()} })")
+    return spec.engine.get("max_defer_steps"), spec.engine.get("max_defer_s")
 
 
 def _check_replayable(run_dir: Path, manifest: dict[str, Any], trace: Any) -> None:
@@ -192,7 +207,7 @@ def _requests(con: Any, block_size: int) -> tuple[list[ReplayRequest], list[str]
             ORDER BY seq""").fetchall():
         chains.setdefault(rid, {}).setdefault(int(pos), int(h))
     finished = {r[0]: r[1:] for r in con.sql("""
-        SELECT request_id, finish_reason, num_output_tokens, reason, step FROM events
+        SELECT request_id, finish_reason, num_output_tokens, reason, step, seq FROM events
         WHERE event = 'request_finished'""").fetchall()}
     claims = {r[0]: r[1:] for r in con.sql("""
         SELECT request_id, claim_id, tenant, protection_mode, threshold_blocks, ttl_s, value
@@ -220,7 +235,7 @@ def _requests(con: Any, block_size: int) -> tuple[list[ReplayRequest], list[str]
         hashes = tuple(chain.get(p) for p in range(full))
         unknown = [p for p, h in enumerate(hashes) if h is None]
         fin = finished.get(rid)
-        output, abort_step = _output_of(rid, fin, notes)
+        output, abort_at = _output_of(rid, fin, notes)
         if unknown:
             notes.append(f"request {rid}: {len(unknown)} of {full} prompt blocks never reached "
                          "the cache in the recorded run (content unknown); replayed as content "
@@ -235,23 +250,24 @@ def _requests(con: Any, block_size: int) -> tuple[list[ReplayRequest], list[str]
             request_id=str(rid), seq=int(seq), arrival_step=int(step), arrival_ts_ns=int(ts),
             num_prompt_tokens=int(prompt), prompt_hashes=hashes, output_tokens=output,
             tenant=tenant, claim=claim, releases=tuple(releases.get(rid, ())),
-            abort_step=abort_step))
+            abort_at=abort_at))
     return out, notes
 
 
 def _output_of(rid: str, fin: tuple[Any, ...] | None,
-               notes: list[str]) -> tuple[int, int | None]:
-    """(output tokens to generate, abort step) of one request, noting what is unknown."""
+               notes: list[str]) -> tuple[int, tuple[int, int] | None]:
+    """(output tokens to generate, (step, seq) of its abort) of one request, noting what is
+    unknown."""
     if fin is None:
         notes.append(f"request {rid} never finished in the recorded run; its output length "
                      "is unknown (replayed with 1 token)")
         return 1, None
-    finish_reason, n_out, reason, step = fin
+    finish_reason, n_out, reason, step, seq = fin
     n_out = int(n_out or 0)
     if finish_reason == "abort":
         # NOTE: aborted by the client between steps: the replay aborts it at the same step;
         # the length it asked for is unknown, so it may generate one token more until then
-        return n_out + 1, int(step) if step is not None else None
+        return n_out + 1, (int(step), int(seq)) if step is not None else None
     if finish_reason in ("length", "stop") and n_out > 0:
         return n_out, None
     notes.append(f"request {rid} finished '{finish_reason}'"
@@ -468,28 +484,34 @@ def _drive(sched: Any, workload: Workload, usable: int, skipped: set[str],
     # other time the recorder writes (ts_ns) is the replay's own
     sched.kvc_arbiter._clock = clock
     hasher = _block_hasher(sched)
-    pending = sorted(((r.arrival_step, r.seq, i, r) for i, r in enumerate(workload.requests)
-                      if r.request_id not in skipped), key=lambda t: (t[0], t[1]))
-    aborts = sorted((r.abort_step, r.request_id) for r in workload.requests
-                    if r.abort_step is not None and r.request_id not in skipped)
-    operator = list(workload.operator_releases)
+    # NOTE: what the client did between steps (arrivals, aborts, operator releases), in the
+    # recorded order: within a step, an abort before an arrival is not an arrival before it
+    actions: list[tuple[int, int, str, Any]] = [
+        (r.arrival_step, r.seq, "arrive", (i, r)) for i, r in enumerate(workload.requests)
+        if r.request_id not in skipped]
+    actions += [(r.abort_at[0], r.abort_at[1], "abort", r.request_id)
+                for r in workload.requests if r.abort_at is not None
+                and r.request_id not in skipped]
+    actions += [(s, q, "release", c) for s, q, c in workload.operator_releases]
+    actions.sort(key=lambda a: (a[0], a[1]))
+    pending = deque(actions)
     step, shift, stalled = 0, 0, 0  # replay step = recorded step + shift
     limit = workload.last_step + _EXTRA_STEPS
     try:
         while True:
             if not sched.has_unfinished_requests() and pending and \
                     pending[0][0] + shift > step:
-                shift = step - pending[0][0]  # idle: the next arrival comes now
+                shift = step - pending[0][0]  # idle: the next action comes now
             while pending and pending[0][0] + shift <= step:
-                _, _, index, req = pending.pop(0)
-                clock.now_s = req.arrival_ts_ns / 1e9
-                sched.add_request(_vllm_request(req, index, workload.block_size, hasher))
-            while aborts and aborts[0][0] + shift <= step:
-                _, rid = aborts.pop(0)
-                if rid in sched.requests:
-                    sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
-            while operator and operator[0][0] + shift <= step:
-                sched.kvc_release_claim(operator.pop(0)[1])
+                _, _, kind, what = pending.popleft()
+                if kind == "arrive":
+                    index, req = what
+                    clock.now_s = req.arrival_ts_ns / 1e9
+                    sched.add_request(_vllm_request(req, index, workload.block_size, hasher))
+                elif kind == "abort" and what in sched.requests:
+                    sched.finish_requests([what], RequestStatus.FINISHED_ABORTED)
+                elif kind == "release":
+                    sched.kvc_release_claim(what)
             if not pending and not sched.has_unfinished_requests():
                 break
             if step >= limit or stalled >= _STALL_STEPS:
