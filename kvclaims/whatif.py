@@ -158,14 +158,10 @@ def _scenario_deferral(manifest: dict[str, Any], notes: list[str]) -> tuple[Any,
 
 def _check_replayable(run_dir: Path, manifest: dict[str, Any], trace: Any) -> None:
     """Refuse, in one line, a run whose request stream cannot be rebuilt."""
-    evidence = manifest.get("evidence")
-    if evidence in ("observed", "replayed") or manifest.get("source_format"):
-        kind = evidence or "imported"
-        raise InputError(f"{run_dir}: an {kind} run cannot be replayed (its trace has no "
-                         "admissions and arrival steps recorded in the engine); replay the "
-                         "recorded run instead" if kind != "replayed" else
-                         f"{run_dir}: a replayed run; replay its source run "
-                         f"{manifest.get('source_run_id')!r} instead")
+    if manifest.get("evidence") == "observed":
+        raise InputError(f"{run_dir}: an observed run (vLLM's KV events) has no admissions or "
+                         "arrival steps recorded in the engine; record the workload with the "
+                         "kvclaims scheduler to replay it")
     if trace.truncated_runs or trace.holes:
         raise InputError(f"{run_dir}: the trace has a hole ({_first_hole(trace)}); events "
                          "behind it (arrivals, claims, releases) are unknown, so the workload "
