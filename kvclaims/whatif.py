@@ -892,8 +892,7 @@ def _cli(args: Any) -> int:
     import sys
 
     from kvclaims.recorder.policies import POLICIES
-    from kvclaims.recording import (_engine_noise_aside, _ints, _names, _quiet_vllm,
-                                    render_table)
+    from kvclaims.recording import _engine_noise_aside, _names, _quiet_vllm, render_table
 
     if args.out.exists() and any(args.out.iterdir()):
         raise InputError(f"{args.out} already exists and is not empty")
@@ -901,7 +900,7 @@ def _cli(args: Any) -> int:
     default_p = ",".join(SWEEP_POLICIES) if args.sweep else workload_policy
     default_c = ",".join(map(str, SWEEP_CAPACITIES)) if args.sweep else str(workload_usable)
     policies = _names(args.policy or default_p, POLICIES)
-    capacities = _ints(args.usable_blocks or default_c)
+    capacities = _capacities(args.usable_blocks or default_c)
     _quiet_vllm(args.verbose)
     with _engine_noise_aside(args.verbose) as terminal:
         def progress(text: str) -> None:
@@ -935,10 +934,27 @@ def _cli(args: Any) -> int:
     return 0
 
 
+def _capacities(text: str) -> list[int]:
+    """``--usable-blocks``: comma-separated integers, each at least 2."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"--usable-blocks must be comma-separated integers, got {text!r}") \
+            from None
+    if not values or min(values) < 2:
+        raise InputError("--usable-blocks needs at least one value, each at least 2")
+    return values
+
+
 def _recorded_point(run: Path) -> tuple[str, int]:
     """The recorded policy and usable blocks (manifest), for the defaults."""
-    from kvclaims.reconstruct.loader import read_manifest
+    from kvclaims.reconstruct.loader import find_run_dirs, is_run_dir, read_manifest
 
+    if run.is_dir() and not is_run_dir(run):
+        found = find_run_dirs(run)
+        if found:
+            raise InputError(f"{run} holds {len(found)} runs; whatif replays one run "
+                             f"directory (e.g. {found[0]})")
     m = read_manifest(run)
     policy, usable = m.get("policy"), m.get("usable_blocks")
     if not isinstance(policy, str) or not isinstance(usable, int):
