@@ -84,8 +84,8 @@ class Workload:
 def read_workload(run_dir: str | Path) -> Workload:
     """Rebuild the request stream of the recorded run in ``run_dir``.
 
-    Raises ``InputError`` (one line) where no replay can be built: not a single recorded run,
-    an observed or imported run, a run without arrival steps (schema 1), a hole in the trace.
+    Raises ``InputError`` (one line) where no replay can be built: not a single run, an
+    observed run, a run without arrival steps (schema 1, most imports), a hole in the trace.
     """
     from kvclaims.reconstruct.loader import load_runs
 
@@ -99,27 +99,34 @@ def read_workload(run_dir: str | Path) -> Workload:
     con = trace.connect()
     approx: list[str] = []
     if not manifest.get("complete"):
-        approx.append("the recorded run did not finish (manifest not complete): requests "
-                      "still running at its end are replayed with the output they had")
+        approx.append("the recorded run did not finish (manifest not complete): what its "
+                      "requests would have done after its end is unknown")
     start = _one(con, "SELECT block_size, usable_blocks, policy, schema_version, "
                       "max_num_batched_tokens, max_num_seqs, max_defer_steps, max_defer_s "
                       "FROM events WHERE event = 'run_started'")
-    block_size, usable, policy, version, batched, seqs, defer_steps, defer_s = start
-    if block_size is None or usable is None:
+    if not start or start[0] is None or start[1] is None:
         raise InputError(f"{run_dir}: run_started has no block_size or usable_blocks; "
                          "nothing to replay against")
+    block_size, usable, policy, version, batched, seqs, defer_steps, defer_s = start
     if defer_steps is None:
         defer_steps, defer_s = _scenario_deferral(manifest, approx)
+    defer_steps = int(defer_steps if defer_steps is not None
+                      else _manifest_int(manifest, "max_defer_steps", 1))
+    defer_s = float(defer_s if defer_s is not None
+                    else _manifest_float(manifest, "max_defer_s", 0.0))
     if batched is None:
         approx.append(f"scheduler settings not in the trace (schema {version}; recorded from "
                       "schema 3 on): vLLM's defaults for this engine are assumed "
-                      "(max_num_batched_tokens, max_num_seqs, max_defer_steps "
-                      f"{_manifest_int(manifest, 'max_defer_steps', 1)}, max_defer_s "
-                      f"{_manifest_float(manifest, 'max_defer_s', 0.0)})")
+                      f"(max_num_batched_tokens, max_num_seqs; max_defer_steps {defer_steps}, "
+                      f"max_defer_s {defer_s})")
     if manifest.get("scheduler") == "KVClaimsAsyncScheduler":
         approx.append("the recorded engine used vLLM's AsyncScheduler; the replay drives "
                       "Scheduler (the same admission and eviction code, one step earlier "
                       "output)")
+    failures = _one(con, "SELECT count(*) FROM events WHERE event = 'hook_failed'")[0]
+    if failures:
+        approx.append(f"the recorded run has {failures} hook_failed events: from the first "
+                      "on its enforcement is unknown, while the replay enforces throughout")
     requests, req_notes = _requests(con, block_size)
     approx += req_notes
     steps = dict(con.sql("SELECT step, min(ts_ns) FROM events WHERE step IS NOT NULL "
@@ -133,10 +140,7 @@ def read_workload(run_dir: str | Path) -> Workload:
         schema_version=int(version or manifest.get("schema_version") or 0),
         model=manifest.get("model"), scenario=manifest.get("scenario"),
         max_num_batched_tokens=batched, max_num_seqs=seqs,
-        max_defer_steps=int(defer_steps if defer_steps is not None
-                            else _manifest_int(manifest, "max_defer_steps", 1)),
-        max_defer_s=float(defer_s if defer_s is not None
-                          else _manifest_float(manifest, "max_defer_s", 0.0)),
+        max_defer_steps=defer_steps, max_defer_s=defer_s,
         max_protected_blocks_per_tenant=tenant_limit if isinstance(tenant_limit, int) else None,
         requests=requests, operator_releases=[(int(s), int(q), str(c)) for s, q, c in operator],
         step_ts_ns={int(s): int(t) for s, t in steps.items()},
@@ -389,7 +393,13 @@ def _vllm_config(workload: Workload, usable: int, kvclaims_cfg: dict[str, Any]) 
             args["max_num_batched_tokens"] = workload.max_num_batched_tokens
         if workload.max_num_seqs is not None:
             args["max_num_seqs"] = workload.max_num_seqs
-        _CONFIG_CACHE[key] = EngineArgs(**args).create_engine_config()
+        try:
+            _CONFIG_CACHE[key] = EngineArgs(**args).create_engine_config()
+        except (ValueError, TypeError) as exc:  # e.g. a block size this platform refuses
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"vLLM cannot configure an engine for this replay (block_size "
+                             f"{workload.block_size}, {usable} usable blocks): {first}") \
+                from None
     cfg = copy.deepcopy(_CONFIG_CACHE[key])
     cfg.additional_config = {"kvclaims": kvclaims_cfg}
     cfg.scheduler_config.async_scheduling = False
@@ -642,7 +652,10 @@ def _signatures(run_dir: Path) -> dict[str, Counter]:
     for r in rows:
         if r[0] in ("block_cached", "block_hit") and r[4] is not None:
             ident.setdefault(int(r[4]), (r[2], r[3]))
-    name = lambda h: ident.get(int(h), ("?", "?")) if h is not None else None  # noqa: E731
+
+    def name(h: Any) -> tuple[Any, Any] | None:
+        return ident.get(int(h), ("?", "?")) if h is not None else None
+
     out: dict[str, Counter] = {k: Counter() for k in FIDELITY_ASPECTS}
     for (event, step, rid, pos, h, cause, by, cid, reason, released_by, required, free,
          protected, shortfall, blocking, finish, cached, n_out) in rows:
