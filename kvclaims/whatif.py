@@ -156,7 +156,7 @@ def _scenario_deferral(manifest: dict[str, Any], notes: list[str]) -> tuple[Any,
     if spec is None or not ({"max_defer_steps", "max_defer_s"} & set(spec.engine)):
         return None, None
     notes.append(f"deferral limits not in the trace: those of the built-in scenario "
-                 f"{spec.name!r} its manifest names ({ {k: v for k, v in spec.engine.items()} })")
+                 f"{spec.name!r} its manifest names ({dict(spec.engine)})")
     return spec.engine.get("max_defer_steps"), spec.engine.get("max_defer_s")
 
 
