@@ -716,12 +716,26 @@ def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]
     if pf.metadata.num_rows != sealed["events"] or pf.metadata.num_rows != listed:
         raise TraceError(f"{path}: holds {pf.metadata.num_rows} events, the manifest says "
                          f"{sealed['events']} (segments: {listed})")
-    if not pf.schema_arrow.equals(EVENTS_SCHEMA, check_metadata=False):
+    schema = pf.schema_arrow
+    current = schema.equals(EVENTS_SCHEMA, check_metadata=False)
+    if not current and not _older_sealed_schema(schema, run.manifest.get("schema_version")):
         raise TraceError(f"{path}: schema differs from the events schema")
     for batch in pf.iter_batches(batch_size=1 << 16):
-        batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA)
+        # NOTE: a run sealed by an older schema lacks the columns added since (read as null)
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA) if current \
+            else decode_batch(batch)
         check_ranges(batch, str(path))
         yield batch
+
+
+def _older_sealed_schema(schema: pa.Schema, version: Any) -> bool:
+    """Whether a sealed file's schema is the events schema of the older ``version``: the same
+    columns in the same order, less exactly those added after that version."""
+    if not _is_int(version) or version >= SCHEMA_VERSION:
+        return False
+    expected = [f for f in EVENTS_SCHEMA if COLUMN_SINCE.get(f.name, 1) <= version]
+    return len(schema) == len(expected) and all(
+        a.equals(b) for a, b in zip(schema, expected))
 
 
 def read_run(run: RunDir, report: Callable[[str], None],

@@ -74,7 +74,8 @@ _monotonic_ns = time.monotonic_ns
 _ALLOWED: Final[dict[str, frozenset[str]]] = {ev: frozenset(f) for ev, f in EVENTS.items()}
 _MAX_ERROR_SAMPLES: Final[int] = 10
 _RUN_STARTED_FACTS: Final[tuple[str, ...]] = (
-    "runtime", "runtime_version", "model", "block_size", "num_blocks", "usable_blocks", "policy")
+    "runtime", "runtime_version", "model", "block_size", "num_blocks", "usable_blocks", "policy",
+    "max_num_batched_tokens", "max_num_seqs", "max_defer_steps", "max_defer_s")
 
 
 # -- validation of pending entries (run on the writer thread) -----------------------------

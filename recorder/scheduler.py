@@ -77,6 +77,19 @@ def async_scheduling_on(vllm_config: Any) -> bool:
     return bool(getattr(sched, "async_scheduling", False))
 
 
+def _scheduler_settings(vllm_config: Any) -> dict[str, int | None]:
+    """vLLM's scheduling limits of this engine (``run_started``, schema 3): a replay of the run
+    schedules with the same token budget per step (chunked prefill) and the same batch size."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+
+    def number(name: str) -> int | None:
+        value = getattr(sched, name, None)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return {"max_num_batched_tokens": number("max_num_batched_tokens"),
+            "max_num_seqs": number("max_num_seqs")}
+
+
 def _tenant_limit(cfg: dict[str, Any]) -> int | None:
     value = cfg.get("max_protected_blocks_per_tenant")
     if value is None:
@@ -126,7 +139,12 @@ class KVClaimsMixin:
         self.kvc_usable_blocks = pool.num_gpu_blocks - 1  # vLLM's block 0 is the null block
         self.kvc_hook_failures = 0
         limit = _tenant_limit(cfg)
+        max_defer_steps = int(cfg.get("max_defer_steps", 1))
+        max_defer_s = float(cfg.get("max_defer_s", 0.0))
         run_info = self.kvc_run_info(vllm_config, cfg, limit)
+        # NOTE: the settings a replay needs (schema 3): what this scheduler and arbiter use
+        run_info.update(_scheduler_settings(vllm_config), max_defer_steps=max_defer_steps,
+                        max_defer_s=max_defer_s)
         out = Path(cfg.get("out") or Path("kvclaims-runs") / self.kvc_run_id)
         self.kvc_events: EventBuffer | None = None
         self.kvc_stage: Any = _discard_entry
@@ -154,8 +172,7 @@ class KVClaimsMixin:
         self.kvc_arbiter = ClaimArbiter(
             policy, self.kvc_usable_blocks, self.kvc_emit,
             pin=lambda b: pool.kvc_pin(b), unpin=lambda b: pool.kvc_unpin(b),
-            max_defer_steps=int(cfg.get("max_defer_steps", 1)),
-            max_defer_s=float(cfg.get("max_defer_s", 0.0)),
+            max_defer_steps=max_defer_steps, max_defer_s=max_defer_s,
             lookup=lambda key: hooks.cached_blocks(pool, key),
             max_protected_blocks_per_tenant=limit, emit_many=self.kvc_emit_many)
         hooks.install(self)

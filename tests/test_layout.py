@@ -125,9 +125,11 @@ FOLDERS = {"recorder": "kvclaims.recorder", "reconstruct": "kvclaims.reconstruct
            "queries": "kvclaims.queries", "dashboard": "kvclaims.dashboard",
            "kvclaims": "kvclaims"}
 # Function-level imports of our own modules that are there for a reason other than hiding an
-# arrow: the facade's ``kvclaims.open`` loads DuckDB only when called, so that the recorder,
-# which imports ``kvclaims.contract`` inside vLLM, never pays for it.
+# arrow (the layer test above still reads them): the facade's ``kvclaims.open`` loads DuckDB only
+# when called, so that the recorder, which imports ``kvclaims.contract`` inside vLLM, never pays
+# for it; and the engine side that imports vLLM itself is loaded only by the code that runs it.
 LAZY_ALLOWED = {"kvclaims"}
+VLLM_SIDE = {"kvclaims.recorder.scheduler", "kvclaims.recorder.hooks"}
 
 
 def layer_of(module: str) -> int:
@@ -197,7 +199,7 @@ def test_an_import_from_a_higher_layer_is_caught() -> None:
 def test_own_modules_are_imported_at_the_top_of_the_file() -> None:
     hidden = [f"{module_name(p)}:{line} -> {target}" for p in _package_files()
               for target, line, inner in internal_imports(p.read_text())
-              if inner and module_name(p) not in LAZY_ALLOWED]
+              if inner and module_name(p) not in LAZY_ALLOWED and target not in VLLM_SIDE]
     assert hidden == []
 
 

@@ -27,13 +27,13 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from typing import Final
 
-from kvclaims.cli import io, listen, reconstruct, record
+from kvclaims.cli import io, listen, reconstruct, record, whatif
 from kvclaims.contract.schema import RECORDER_VERSION, InputError
 from kvclaims.dashboard import commands as dashboard_commands
 from kvclaims.reconstruct import loader
 
 # Every subcommand's module registers its own subparsers (``register(sub)``), in this order.
-_PARTS = (record, io, reconstruct, listen, dashboard_commands)
+_PARTS = (record, io, reconstruct, listen, dashboard_commands, whatif)
 
 EXIT_OK: Final[int] = 0
 EXIT_CHECK_FAILED: Final[int] = 1

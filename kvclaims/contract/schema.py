@@ -19,10 +19,12 @@ import pyarrow as pa
 from kvclaims.contract.vocabulary import EVENT_NAMES
 
 
-SCHEMA_VERSION: Final[int] = 2
+SCHEMA_VERSION: Final[int] = 3
 # Versions this kvclaims reads. Version 2 added the ``step`` column, ``hook_failed``,
 # ``claim_release_refused``, ``released_by``, preemption attribution and the ``unknown`` cause.
-READABLE_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1, 2})
+# Version 3 added the scheduler settings a replay needs on ``run_started``
+# (``max_num_batched_tokens``, ``max_num_seqs``, ``max_defer_steps``, ``max_defer_s``).
+READABLE_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1, 2, 3})
 RECORDER_VERSION: Final[str] = "0.1.0"
 
 # Envelope columns every event carries (never null).
@@ -54,6 +56,13 @@ COLUMNS: Final[dict[str, pa.DataType]] = {
     "events_dropped": pa.int64(),
     "first_seq": pa.int64(),
     "last_seq": pa.int64(),
+    # the engine's scheduler settings (run_started, schema 3): how many tokens one step may
+    # schedule (chunked prefill) and how many requests may run at once, and the arbiter's
+    # deferral limits; what a replay (kvclaims whatif) needs to schedule as the engine did
+    "max_num_batched_tokens": pa.int32(),
+    "max_num_seqs": pa.int32(),
+    "max_defer_steps": pa.int32(),
+    "max_defer_s": pa.float64(),
     # requests
     "request_id": _DICT_STR,
     "tenant": _DICT_STR,
@@ -94,7 +103,8 @@ _ADMISSION = ("request_id", "blocks_required", "free_blocks", "protected_blocks"
 # Event name -> the fields it may carry beyond the envelope.
 EVENTS: Final[dict[str, tuple[str, ...]]] = {
     "run_started": ("runtime", "runtime_version", "model", "block_size", "num_blocks",
-                    "usable_blocks", "policy", "schema_version", "recorder_version"),
+                    "usable_blocks", "policy", "schema_version", "recorder_version",
+                    "max_num_batched_tokens", "max_num_seqs", "max_defer_steps", "max_defer_s"),
     "run_finished": ("events_written", "events_dropped"),
     "recorder_gap": ("first_seq", "last_seq", "events_dropped", "reason"),
     "request_arrived": ("request_id", "tenant", "num_prompt_tokens", "claim_id"),
@@ -147,7 +157,9 @@ _INT_TYPES = {pa.int32(), pa.int64(), pa.uint64()}
 
 # Columns a schema version added: a segment of an older version may lack them (read as null);
 # every other column is required (a segment without its claim_id column is not our trace).
-COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2}
+COLUMN_SINCE: Final[dict[str, int]] = {"step": 2, "released_by": 2, "hook": 2, "error_type": 2,
+                                       "max_num_batched_tokens": 3, "max_num_seqs": 3,
+                                       "max_defer_steps": 3, "max_defer_s": 3}
 
 # Value ranges every reader relies on (inclusive). NOTE: block counts and positions stay below
 # 2**30 so that sums of two (e.g. protected + required) cannot overflow int32 in SQL; ttl_s is
@@ -162,6 +174,8 @@ VALUE_RANGES: Final[dict[str, tuple[float, float]]] = {
     "shortfall_blocks": (-(2**30), 2**30 - 1), "num_cached_tokens": (0, 2**31 - 1),
     "num_output_tokens": (0, 2**31 - 1), "block_id": BLOCK_RANGE, "position": BLOCK_RANGE,
     "threshold_blocks": BLOCK_RANGE, "ttl_s": (0.0, 1e9), "value": (-1e15, 1e15),
+    "max_num_batched_tokens": (1, 2**31 - 1), "max_num_seqs": (1, 2**31 - 1),
+    "max_defer_steps": (0, 2**31 - 1), "max_defer_s": (0.0, 1e9),
 }
 
 
