@@ -21,7 +21,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from kvclaims.contract.vocabulary import LABEL, REQUEST_OUTCOME, VERDICT
 from kvclaims.dashboard import charts, data, report
+from kvclaims.explaining import promise_lines
 from kvclaims.contract.schema import InputError
 
 #: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
@@ -34,14 +36,15 @@ TIMELINE_WIDTH = 640
 AXIS_TITLES = {"utc": "time (UTC)", "seq": "seq"}
 #: A run id column wide enough that long run names stay told apart.
 _RUN_COLUMN = st.column_config.TextColumn("run", width="large", pinned=True)
-_VERDICT_COLORS = {"fail": "background-color: #D55E00; color: white",
-                   "unknown": "background-color: black; color: white",
-                   "pass": "background-color: #cfe6f5", "not_exercised": "color: #888888"}
+_VERDICT_COLORS = {VERDICT.fail: "background-color: #D55E00; color: white",
+                   LABEL.unknown: "background-color: black; color: white",
+                   VERDICT.pass_: "background-color: #cfe6f5",
+                   VERDICT.not_exercised: "color: #888888"}
 _md = data.md_text
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def load(paths: tuple[str, ...], _progress=None) -> data.Audit:
+def load(paths: tuple[str, ...], _progress=None) -> data.Pages:
     """Reconstruct once per set of paths (shared by every session)."""
     return data.load_audit(list(paths), progress=_progress)
 
@@ -105,12 +108,12 @@ def _go(page: str, **state: object) -> None:
 
 # -- pages -------------------------------------------------------------------------------------
 
-def page_overview(audit: data.Audit) -> None:
+def page_overview(audit: data.Pages) -> None:
     st.subheader("What happened")
     head = data.headline(audit)
     harmed = int(head["lost_harm"].sum())
     (st.error if harmed else st.success)(_md(data.summary_text(audit)))
-    worst = head.sort_values(["lost_harm", "refused"], ascending=False, kind="stable")
+    worst = head.sort_values(["lost_harm", REQUEST_OUTCOME.refused], ascending=False, kind="stable")
     for r in worst.head(8).to_dict("records"):
         line = f"**{_md(r['run_id'])}** — {_md(data.headline_text(r))}"
         if r["lost_harm"]:
@@ -121,20 +124,21 @@ def page_overview(audit: data.Audit) -> None:
         st.caption(f"{len(head) - 8} more run(s) in the table below.")
     if int(head[[f"lost_{k}" for k in data.LABELS]].to_numpy().sum()):
         st.altair_chart(charts.headline_chart(head, width="container"), width="stretch")
-    cols = ["run_id", "policy", "usable_blocks", "claims_harmed", "lost_harm", "refused",
-            "lost_unknown", "lost_expiry", "lost_relaxation", "lost_eviction", "deferred",
-            "preempted", "claims", "requests", "findings", "checks_failed", "checks_unknown"]
+    cols = ["run_id", "policy", "usable_blocks", "claims_harmed", "lost_harm",
+            REQUEST_OUTCOME.refused, "lost_unknown", "lost_expiry", "lost_relaxation",
+            "lost_eviction", "deferred", REQUEST_OUTCOME.preempted, "claims", "requests",
+            "findings", "checks_failed", "checks_unknown"]
     st.dataframe(head[cols], hide_index=True, width="stretch", height=_height(len(head), 14),
                  column_config={"run_id": _RUN_COLUMN, "lost_harm": "blocks lost: harm",
                                 "claims_harmed": "claims harmed",
-                                "refused": "requests refused"})
+                                REQUEST_OUTCOME.refused: "requests refused"})
     _source("claims", "losses", "requests", "findings", "conformance")
 
 
-def page_timeline(audit: data.Audit) -> None:
+def page_timeline(audit: data.Pages) -> None:
     st.subheader("Timeline")
     head = data.headline(audit)
-    order = head.sort_values(["lost_harm", "refused"], ascending=False, kind="stable")
+    order = head.sort_values(["lost_harm", REQUEST_OUTCOME.refused], ascending=False, kind="stable")
     run_id = st.selectbox("Run", order["run_id"].tolist(), key="timeline_run")
     harmed = data.harmed_claims(audit, run_id)
     claim_seq = claim = None
@@ -182,7 +186,7 @@ def page_timeline(audit: data.Audit) -> None:
         st.dataframe(occ, hide_index=True, width="stretch")
 
 
-def page_claims(audit: data.Audit) -> None:
+def page_claims(audit: data.Pages) -> None:
     st.subheader("Claim outcomes")
     outcomes = data.claim_outcomes(audit)
     st.dataframe(outcomes, hide_index=True, width="stretch", height=_height(len(outcomes), 12),
@@ -203,7 +207,7 @@ def page_claims(audit: data.Audit) -> None:
     cols = st.columns(6)
     cols[0].metric("outcome", str(row["outcome"]))
     cols[1].metric("bound blocks", "-" if pd.isna(bound) else int(bound))
-    for col, label in zip(cols[2:], ("harm", "expiry", "relaxation", "eviction")):
+    for col, label in zip(cols[2:], (LABEL.harm, LABEL.expiry, LABEL.relaxation, LABEL.eviction)):
         col.metric(f"lost: {label}", int(row[f"blocks_lost_{label}"]))
     st.altair_chart(charts.claim_timeline_chart(lifecycle, losses), width="stretch")
     st.caption("Dashed rules: the claim's lifecycle events (`events`), named in the legend. "
@@ -225,7 +229,7 @@ def page_claims(audit: data.Audit) -> None:
                     hide_index=True, width="stretch")
 
 
-def page_sweep(audit: data.Audit) -> None:
+def page_sweep(audit: data.Pages) -> None:
     st.subheader("Capacity sweep")
     choice = st.selectbox("Scenario", [*data.sweep_scenarios(audit), ALL_RUNS],
                           key="sweep_scenario")
@@ -234,8 +238,8 @@ def page_sweep(audit: data.Audit) -> None:
     if scenario is not None:
         table = table.drop(columns="scenario")
     table = table.drop(columns=["active_request_id"], errors="ignore")
-    harmed = table[table["harm"] > 0]
-    refused = table[table["active_outcome"] == "refused"]
+    harmed = table[table[LABEL.harm] > 0]
+    refused = table[table["active_outcome"] == REQUEST_OUTCOME.refused]
     st.markdown(f"**{len(table)} points**: the active request's allocation evicted resident "
                 f"blocks as harm at {len(harmed)} of them; it was refused at {len(refused)}.")
     st.dataframe(table, hide_index=True, width="stretch", height=_height(len(table)),
@@ -254,7 +258,7 @@ def page_sweep(audit: data.Audit) -> None:
     right.altair_chart(charts.sweep_chart(series, "shortfall"), width="stretch")
 
 
-def page_tenants(audit: data.Audit) -> None:
+def page_tenants(audit: data.Pages) -> None:
     st.subheader("Tenant explanations")
     names = data.tenants(audit)
     if not names:
@@ -266,7 +270,7 @@ def page_tenants(audit: data.Audit) -> None:
     expl = data.explanation(audit, tenant)
     # NOTE: the explanation is rendered from its sections through ``_md`` (every markdown
     # character escaped) and tables, never as its own markdown: its text quotes trace strings.
-    st.markdown(_md(data.explanation_headline(expl)))
+    st.markdown(_md(expl.headline()))
     st.caption(_md(expl.clock))
     st.download_button("Download this explanation (HTML, for a ticket)", expl.to_html(),
                        file_name="explanation.html", mime="text/html", key="explain_html")
@@ -291,7 +295,7 @@ def page_tenants(audit: data.Audit) -> None:
 
 def _explanation_section(s, box) -> None:
     """One section of a tenant's explanation, every trace string escaped or in a table."""
-    box(_md(" · ".join(data.explanation_lines(s))))
+    box(_md(" · ".join(promise_lines(s))))
     for w in s.why:
         st.markdown(f"- {_md(w)}")
     for p in s.prevention:
@@ -305,7 +309,7 @@ def _explanation_section(s, box) -> None:
     st.table(timeline.set_index("seq"))
 
 
-def page_conformance(audit: data.Audit) -> None:
+def page_conformance(audit: data.Pages) -> None:
     st.subheader("Findings")
     found = data.findings(audit)
     if found.empty:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from kvclaims.contract.vocabulary import LABELS
+from kvclaims.contract.vocabulary import CLAIM_OUTCOME, LABELS, REQUEST_OUTCOME
 from kvclaims.dashboard.data import (LABEL_COLORS, OCCUPANCY, OCCUPANCY_COLORS,
                             OCCUPANCY_TITLES)
 
@@ -28,11 +28,13 @@ _OCC_SCALE = alt.Scale(domain=_OCC_DOMAIN, range=[OCCUPANCY_COLORS[k] for k in O
 #: is vermillion, which only harm uses.
 CLAIM_STATE_COLORS: dict[str, str] = {
     "submitted": "#DDDDDD", "accepted": "#56B4E9", "in force": "#0072B2",
-    "demoted": "#E69F00", "expired": "#F0E442", "released": "#999999", "rejected": "#000000"}
+    CLAIM_OUTCOME.demoted: "#E69F00", CLAIM_OUTCOME.expired: "#F0E442",
+    CLAIM_OUTCOME.released: "#999999", CLAIM_OUTCOME.rejected: "#000000"}
 REQUEST_STATE_COLORS: dict[str, str] = {
-    "queued": "#DDDDDD", "deferred": "#E69F00", "running": "#009E73", "served": "#000000",
-    "deferred_then_served": "#56B4E9", "refused": "#CC79A7", "preempted": "#F0E442",
-    "aborted": "#999999", "unknown": "#666666"}
+    "queued": "#DDDDDD", "deferred": "#E69F00", "running": "#009E73",
+    REQUEST_OUTCOME.served: "#000000", REQUEST_OUTCOME.deferred_then_served: "#56B4E9",
+    REQUEST_OUTCOME.refused: "#CC79A7", REQUEST_OUTCOME.preempted: "#F0E442",
+    REQUEST_OUTCOME.aborted: "#999999", REQUEST_OUTCOME.unknown: "#666666"}
 #: Every lane state (a claim's or a request's) and its colour.
 LANE_COLORS: dict[str, str] = {**CLAIM_STATE_COLORS, **REQUEST_STATE_COLORS}
 #: A block position's state on a claim's block lane (``position_lanes_chart``).

@@ -6,7 +6,7 @@ imports the recorder's scheduler or vLLM, and no number is computed here that a 
 reconstructed table does not already hold: these functions select, filter and reshape.
 
 ``load_audit(paths)`` reconstructs once and keeps every view as a pandas DataFrame (an
-``Audit``); the page functions take an ``Audit`` or, for one-off use, the run directory paths
+``Pages``); the page functions take a ``Pages`` or, for one-off use, the run directory paths
 themselves (which reconstructs them)::
 
     from kvclaims.dashboard import data
@@ -30,10 +30,10 @@ from typing import Any, Final, TypeAlias
 import pandas as pd
 
 import kvclaims
-from kvclaims.contract.policies import POLICIES
+from kvclaims.contract.vocabulary import (CHECK_VERDICTS, CLAIM_OUTCOME, EVENT, LABEL, LABELS,
+                                          REQUEST_OUTCOME, VERDICT)
 from kvclaims.contract.schema import InputError
-from kvclaims.contract.vocabulary import CHECK_VERDICTS, LABELS, PINNING_MODES
-from kvclaims.explaining import _promise_lines, explain, tenants_by_harm
+from kvclaims.explaining import explain, tenants_by_harm
 from kvclaims.reconstruct.checks import CHECKS as _CHECK_TABLE
 from kvclaims.reconstruct.loader import open_runs
 
@@ -48,15 +48,15 @@ NOT_RUN_FOLDERS: Final[frozenset[str]] = frozenset({"arbiter-prototype"})
 #: NOTE: colour-blind-safe (Okabe-Ito hues); harm is the one alarming colour (vermillion),
 #: every other label is a calm blue/grey so that harm stands out under any colour vision.
 LABEL_COLORS: Final[dict[str, str]] = {
-    "harm": "#D55E00", "unknown": "#000000", "expiry": "#56B4E9", "relaxation": "#0072B2",
-    "eviction": "#BBBBBB"}
+    LABEL.harm: "#D55E00", LABEL.unknown: "#000000", LABEL.expiry: "#56B4E9",
+    LABEL.relaxation: "#0072B2", LABEL.eviction: "#BBBBBB"}
 #: The checks in the order the conformance page lists them: the one table of
 #: ``kvclaims.reconstruct.checks.CHECKS``.
 CHECKS: Final[tuple[str, ...]] = tuple(c.name for c in sorted(_CHECK_TABLE, key=lambda c: c.ord))
 #: Claim events shown on a claim's timeline (``claim_bound`` is shown as a count instead).
 LIFECYCLE_EVENTS: Final[tuple[str, ...]] = (
-    "claim_submitted", "claim_accepted", "claim_rejected", "claim_materialized",
-    "claim_demoted", "claim_expired", "claim_released", "claim_harmed")
+    EVENT.claim_submitted, EVENT.claim_accepted, EVENT.claim_rejected, EVENT.claim_materialized,
+    EVENT.claim_demoted, EVENT.claim_expired, EVENT.claim_released, EVENT.claim_harmed)
 
 _VIEWS: Final[tuple[str, ...]] = (
     "capacity_sweep", "loss_labels", "pool_occupancy", "request_outcomes")
@@ -72,8 +72,9 @@ _CLAIM_OUTCOMES_SQL: Final[str] = """
 
 
 @dataclass(frozen=True)
-class Audit:
-    """Everything the pages show, reconstructed once from a set of run directories.
+class Pages:
+    """Everything the pages show, fetched once from one ``kvclaims.Audit`` (``facade``) over a
+    set of run directories: the dashboard's frames, not a second audit type.
 
     Each frame is a documented view (``queries/*.sql``) or a reconstructed table
     (docs/reconstruction.md), fetched whole; ``claim_events`` and ``claim_losses`` are the
@@ -103,7 +104,7 @@ class Audit:
         return self.runs["run_id"].tolist()
 
 
-Source: TypeAlias = "Audit | Sequence[PathLike]"
+Source: TypeAlias = "Pages | Sequence[PathLike]"
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
@@ -151,55 +152,43 @@ def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
 
 # -- reconstruction ------------------------------------------------------------------------------
 
-def open_audit(paths: Sequence[PathLike],
-               progress: Callable[[str], None] | None = None) -> tuple[Any, Any]:
-    """The one place the dashboard opens an audit: ``(audit, audit)`` — the audit facade
-    (``kvclaims.open``), whose ``.sql(text)`` returns a DuckDB relation over ``events``, the
-    reconstructed tables and the documented views, and which carries ``manifests``,
-    ``run_dirs`` and ``truncations``.
-    """
-
-    audit = kvclaims.open(list(paths), progress=progress)
-    return audit, audit
-
-
 def load_audit(paths: Sequence[PathLike],
-               progress: Callable[[str], None] | None = None) -> Audit:
+               progress: Callable[[str], None] | None = None) -> Pages:
     """Load and reconstruct the run directories ``paths`` names (run or sweep directories),
     apply the SQL library and fetch what the pages show.
 
-    Raises ``kvclaims.contract.schema.InputError`` (a ``TraceError``, naming the file) when a path is
-    not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
+    Raises ``kvclaims.contract.schema.InputError`` (a ``TraceError``, naming the file) when a
+    path is not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if not paths:
         raise InputError("no run directories given")
-    con, trace = open_audit(paths, progress)
+    audit = kvclaims.open(list(paths), progress=progress)
     runs = pd.DataFrame([{
         "run_id": rid, "scenario": m.get("scenario") or _scenario_from_run_id(rid, m),
         "policy": m.get("policy"), "usable_blocks": m.get("usable_blocks"),
-        "complete": bool(m.get("complete")), "run_dir": str(trace.run_dirs.get(rid, "")),
+        "complete": bool(m.get("complete")), "run_dir": str(audit.run_dirs.get(rid, "")),
         "utc_start_ns": _utc_anchor(m)[0], "mono_start_ns": _utc_anchor(m)[1]}
-        for rid, m in sorted(trace.manifests.items(), key=lambda kv: natural_key(kv[0]))],
+        for rid, m in sorted(audit.manifests.items(), key=lambda kv: natural_key(kv[0]))],
         columns=["run_id", "scenario", "policy", "usable_blocks", "complete", "run_dir",
                  "utc_start_ns", "mono_start_ns"])
     try:
         if progress:
             progress("dashboard tables")
-        last = con.sql("SELECT run_id, max(seq) AS last_seq FROM events GROUP BY run_id").df()
+        last = audit.sql("SELECT run_id, max(seq) AS last_seq FROM events GROUP BY run_id").df()
         runs = runs.merge(last, on="run_id", how="left")
-        views = {v: con.sql(f"SELECT * FROM {v}").df() for v in _VIEWS}
-        findings = con.sql("SELECT * REPLACE (block_hash::VARCHAR AS block_hash) FROM findings "
+        views = {v: audit.sql(f"SELECT * FROM {v}").df() for v in _VIEWS}
+        findings = audit.sql("SELECT * REPLACE (block_hash::VARCHAR AS block_hash) FROM findings "
                            "ORDER BY run_id, seq NULLS LAST, kind").df()
-        conformance = con.sql("SELECT * FROM conformance ORDER BY run_id").df()
-        lowering = con.sql("SELECT * FROM lowering ORDER BY run_id, mode").df()
-        views["claim_outcomes"] = con.sql(_CLAIM_OUTCOMES_SQL).df().astype(
+        conformance = audit.sql("SELECT * FROM conformance ORDER BY run_id").df()
+        lowering = audit.sql("SELECT * FROM lowering ORDER BY run_id, mode").df()
+        views["claim_outcomes"] = audit.sql(_CLAIM_OUTCOMES_SQL).df().astype(
             {"bound_blocks": "Int64"})
         lifecycle = ", ".join(f"'{e}'" for e in LIFECYCLE_EVENTS)
         # NOTE: an event names the latest instance of its claim_id at or before it (the
         # instance rule); ASOF picks the claims row with the greatest claim_seq <= seq.
-        claim_events = con.sql(f"""
+        claim_events = audit.sql(f"""
             SELECT e.run_id, e.claim_id, c.claim_seq, e.seq, e.ts_ns, e.event, e.request_id,
                    e.tenant, e.protection_mode, e.reason, e.by_request_id,
                    e.block_hash::VARCHAR AS block_hash
@@ -208,35 +197,35 @@ def load_audit(paths: Sequence[PathLike],
             ASOF LEFT JOIN (SELECT run_id, claim_id, claim_seq FROM claims) c
               ON c.run_id = e.run_id AND c.claim_id = e.claim_id AND e.seq >= c.claim_seq
             ORDER BY e.run_id, c.claim_seq, e.seq""").df()
-        claim_losses = con.sql("""
+        claim_losses = audit.sql("""
             SELECT run_id, claim_id, claim_seq, seq, ts_ns, position, label, block_id,
                    block_hash::VARCHAR AS block_hash, by_request_id, decided_by_seq,
                    breaks_predicate, broken_seq
             FROM loss_claims ORDER BY run_id, claim_seq, seq, position""").df()
         tables = {
-            "requests": con.sql("""
+            "requests": audit.sql("""
                 SELECT r.*, a.first_alloc_seq FROM requests r LEFT JOIN (
                     SELECT run_id, request_id, min(seq) AS first_alloc_seq FROM events
                     WHERE event IN ('block_allocated', 'block_hit') GROUP BY ALL) a
                 USING (run_id, request_id) ORDER BY run_id, arrived_seq""").df(),
-            "feasibility": con.sql("SELECT * FROM feasibility ORDER BY run_id, seq").df(),
-            "claims": con.sql("SELECT * FROM claims ORDER BY run_id, submitted_seq").df(),
-            "losses_by_label": con.sql("""
+            "feasibility": audit.sql("SELECT * FROM feasibility ORDER BY run_id, seq").df(),
+            "claims": audit.sql("SELECT * FROM claims ORDER BY run_id, submitted_seq").df(),
+            "losses_by_label": audit.sql("""
                 SELECT run_id, label, count(*) AS blocks FROM losses GROUP BY ALL""").df(),
-            "losses": con.sql("""
+            "losses": audit.sql("""
                 SELECT run_id, seq, ts_ns, label, by_request_id, cause FROM losses
                 ORDER BY run_id, seq""").df(),
-            "occupancy": _occupancy(con, runs),
+            "occupancy": _occupancy(audit),
             "lowering": lowering,
         }
     except BaseException:
-        con.close()
+        audit.close()
         raise
     # NOTE: the facade stays open: tenant explanations are built from it on demand
     # (``explanation``), one tenant at a time, under the audit's lock.
-    return Audit(paths=tuple(str(p) for p in paths), runs=runs, views=views, findings=findings,
+    return Pages(paths=tuple(str(p) for p in paths), runs=runs, views=views, findings=findings,
                  conformance=conformance, claim_events=claim_events, claim_losses=claim_losses,
-                 truncations=tuple(trace.truncations), tables=tables, facade=trace)
+                 truncations=tuple(audit.truncations), tables=tables, facade=audit)
 
 
 def natural_key(text: Any) -> tuple[Any, ...]:
@@ -264,115 +253,10 @@ def _utc_anchor(manifest: dict[str, Any]) -> tuple[int | None, int | None]:
     return utc, mono
 
 
-#: The block-level occupancy, per run and change, computed in one vectorised DuckDB pass.
-#: NOTE: categories are exclusive and taken in this order: protected (content bound to a claim
-#: in force, in a pinning mode, under an enforcing policy; held or not — the runtime's own
-#: ``protected_blocks``), held (referenced by a request), cached (content, unreferenced:
-#: evictable), free (the rest of ``usable_blocks``). free + cached is vLLM's free queue.
-_OCCUPANCY_SQL: Final[str] = """
-WITH be AS (
-    SELECT run_id, seq, ts_ns, block_id,
-           CASE event WHEN 'block_freed' THEN -1 WHEN 'block_cached' THEN 0 WHEN 'block_evicted'
-                THEN 0 ELSE 1 END AS dref,
-           event IN ('block_cached', 'block_hit', 'block_evicted') AS cset,
-           CASE WHEN event IN ('block_cached', 'block_hit') THEN block_hash END AS h
-    FROM events
-    WHERE event IN ('block_allocated', 'block_hit', 'block_freed', 'block_cached',
-                    'block_evicted') AND block_id IS NOT NULL
-    UNION ALL  -- a cache reset empties every block holding content (synthetic loss rows)
-    SELECT run_id, seq, ts_ns, block_id, 0, true, NULL FROM losses WHERE synthetic
-), content AS (  -- each block's content intervals [c_from, c_to)
-    SELECT run_id, block_id, seq AS c_from, h,
-           coalesce(lead(seq) OVER (PARTITION BY run_id, block_id ORDER BY seq),
-                    9223372036854775807) AS c_to
-    FROM be WHERE cset
-), bind AS (  -- per claim instance: the latest claims row with claim_seq <= the binding
-    SELECT b.run_id, c.claim_seq, b.block_hash AS h, b.seq AS b_from,
-           coalesce(lead(b.seq) OVER (PARTITION BY b.run_id, c.claim_seq, b.position
-                                      ORDER BY b.seq), 9223372036854775807) AS b_to
-    FROM (SELECT * FROM events WHERE event = 'claim_bound') b
-    ASOF JOIN (SELECT run_id, claim_id, claim_seq FROM claims) c
-      ON c.run_id = b.run_id AND c.claim_id = b.claim_id AND b.seq >= c.claim_seq
-), run_modes AS (  -- each run's policy: does it enforce claims, and the default mode
-    SELECT e.run_id, p.enforce, p.default_mode
-    FROM events e JOIN (VALUES {policies}) p(policy, enforce, default_mode)
-      ON p.policy = e.policy
-    WHERE e.event = 'run_started'
-), force AS (
-    SELECT c.run_id, c.claim_seq, c.accepted_seq AS f_from,
-           coalesce(c.release_seq, 9223372036854775807) AS f_to
-    FROM claims c JOIN run_modes m ON m.run_id = c.run_id
-    WHERE m.enforce AND c.accepted_seq IS NOT NULL
-      AND coalesce(c.protection_mode, m.default_mode) IN ({pinning})
-), prot AS (  -- content hashes protected, per claim binding in force
-    SELECT b.run_id, b.h, greatest(b.b_from, f.f_from) AS p_from, least(b.b_to, f.f_to) AS p_to
-    FROM bind b JOIN force f ON f.run_id = b.run_id AND f.claim_seq = b.claim_seq
-    WHERE greatest(b.b_from, f.f_from) < least(b.b_to, f.f_to)
-), overlap AS (  -- a block is protected while its content overlaps a protected interval
-    SELECT c.run_id, c.block_id, greatest(c.c_from, p.p_from) AS o_from,
-           least(c.c_to, p.p_to) AS o_to
-    FROM content c JOIN prot p ON p.run_id = c.run_id AND p.h = c.h
-    WHERE greatest(c.c_from, p.p_from) < least(c.c_to, p.p_to)
-), pts AS (  -- every change point of every block
-    SELECT run_id, block_id, seq, max(ts_ns) AS ts_ns, sum(dref) AS dref, sum(dp) AS dp,
-           max(CASE WHEN cset THEN (h IS NOT NULL)::INT END) AS has
-    FROM (SELECT run_id, block_id, seq, ts_ns, dref, 0 AS dp, cset, h FROM be
-          UNION ALL SELECT run_id, block_id, o_from, NULL, 0, 1, false, NULL FROM overlap
-          UNION ALL SELECT run_id, block_id, o_to, NULL, 0, -1, false, NULL FROM overlap
-                    WHERE o_to < 9223372036854775807)
-    GROUP BY ALL
-), cat AS (
-    SELECT run_id, block_id, seq, ts_ns,
-           CASE WHEN has_content AND prot > 0 THEN 1  -- protected
-                WHEN refs > 0 THEN 2                  -- held
-                WHEN has_content THEN 3               -- cached
-                ELSE 0 END AS cat                     -- free
-    FROM (SELECT run_id, block_id, seq, ts_ns,
-                 sum(dref) OVER w AS refs, sum(dp) OVER w AS prot,
-                 coalesce(last_value(has IGNORE NULLS) OVER w, 0) = 1 AS has_content
-          FROM pts WINDOW w AS (PARTITION BY run_id, block_id ORDER BY seq
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-), moves AS (
-    SELECT run_id, seq, ts_ns, cat,
-           lag(cat, 1, 0) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev
-    FROM cat
-), steps AS (
-    SELECT run_id, seq, max(ts_ns) AS ts_ns,
-           sum((cat = 1)::INT - (prev = 1)::INT) AS d_protected,
-           sum((cat = 2)::INT - (prev = 2)::INT) AS d_held,
-           sum((cat = 3)::INT - (prev = 3)::INT) AS d_cached
-    FROM moves WHERE cat <> prev GROUP BY ALL
-)
-SELECT run_id, seq, ts_ns,
-       sum(d_protected) OVER w AS protected,
-       sum(d_held) OVER w AS held,
-       sum(d_cached) OVER w AS cached
-FROM steps
-WINDOW w AS (PARTITION BY run_id ORDER BY seq
-             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-ORDER BY run_id, seq
-"""
-
-
-def _occupancy(con: Any, runs: pd.DataFrame) -> pd.DataFrame:
-    """Pool occupancy by category after every change (``_OCCUPANCY_SQL``), plus ``free``.
-
-    NOTE: only the code's own constants (policy names, modes) are formatted into the SQL,
-    never a trace string; the runs' policies are joined from ``run_started`` in SQL.
-    """
-
-    def lit(v: str) -> str:
-        return "'" + v.replace("'", "''") + "'"
-
-    policies = ", ".join(f"({lit(p.name)}, {str(bool(p.enforce)).lower()}, "
-                         f"{lit(p.default_mode)})" for p in POLICIES.values())
-    pinning = ", ".join(lit(m) for m in sorted(PINNING_MODES))
-    df = con.sql(_OCCUPANCY_SQL.format(policies=policies, pinning=pinning)).df()
-    usable = runs.set_index("run_id")["usable_blocks"]
-    df = df.astype({"protected": "int64", "held": "int64", "cached": "int64"})
-    df["usable_blocks"] = df["run_id"].map(usable).astype("Int64")
-    df["free"] = df["usable_blocks"] - df["protected"] - df["held"] - df["cached"]
-    return df
+def _occupancy(con: Any) -> pd.DataFrame:
+    """Pool occupancy by category after every change: the documented view ``block_states``."""
+    return con.sql("SELECT * FROM block_states").df().astype(
+        {"usable_blocks": "Int64", "free": "Int64"})
 
 
 def _scenario_from_run_id(run_id: str, manifest: dict[str, Any]) -> str:
@@ -381,8 +265,8 @@ def _scenario_from_run_id(run_id: str, manifest: dict[str, Any]) -> str:
     return run_id[: -len(suffix)] if run_id.endswith(suffix) else run_id
 
 
-def _audit(source: Source) -> Audit:
-    return source if isinstance(source, Audit) else load_audit(source)
+def _audit(source: Source) -> Pages:
+    return source if isinstance(source, Pages) else load_audit(source)
 
 
 def _lists_to_text(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -424,17 +308,18 @@ def headline(source: Source) -> pd.DataFrame:
                                                    values="blocks", aggfunc="sum")
     out = runs.set_index("run_id")
     out["claims"] = claims.groupby("run_id").size()
-    out["claims_harmed"] = claims[claims["outcome"] == "harmed"].groupby("run_id").size()
+    harmed = claims[claims["outcome"] == CLAIM_OUTCOME.harmed]
+    out["claims_harmed"] = harmed.groupby("run_id").size()
     for label in LABELS:
         out[f"lost_{label}"] = lost[label] if label in lost.columns else 0
     out["requests"] = req.groupby("run_id").size()
-    for outcome, col in (("refused", "refused"), ("preempted", "preempted")):
-        out[col] = req[req["outcome"] == outcome].groupby("run_id").size()
+    for outcome in (REQUEST_OUTCOME.refused, REQUEST_OUTCOME.preempted):
+        out[outcome] = req[req["outcome"] == outcome].groupby("run_id").size()
     out["deferred"] = req[req["deferrals"].fillna(0) > 0].groupby("run_id").size()
     out["findings"] = a.findings.groupby("run_id").size()
     conf = a.conformance.assign(verdict=a.conformance["verdict"].map(_verdict))
-    out["checks_failed"] = conf[conf["verdict"] == "fail"].groupby("run_id").size()
-    out["checks_unknown"] = conf[conf["verdict"] == "unknown"].groupby("run_id").size()
+    out["checks_failed"] = conf[conf["verdict"] == VERDICT.fail].groupby("run_id").size()
+    out["checks_unknown"] = conf[conf["verdict"] == VERDICT.unknown].groupby("run_id").size()
     counts = [c for c in out.columns if c not in ("scenario", "policy", "usable_blocks")]
     out[counts] = out[counts].fillna(0).astype("int64")
     return out.reset_index()
@@ -446,11 +331,11 @@ def headline_text(row: Any) -> str:
     lost = ", ".join(f"{r[f'lost_{k}']} {k}" for k in LABELS if r[f"lost_{k}"])
     parts = [f"{r['claims_harmed']} of {r['claims']} claims harmed",
              f"blocks lost: {lost or 'none'}",
-             f"{r['refused']} of {r['requests']} requests refused"]
+             f"{r[REQUEST_OUTCOME.refused]} of {r['requests']} requests refused"]
     if r["deferred"]:
         parts.append(f"{r['deferred']} deferred")
-    if r["preempted"]:
-        parts.append(f"{r['preempted']} preempted")
+    if r[REQUEST_OUTCOME.preempted]:
+        parts.append(f"{r[REQUEST_OUTCOME.preempted]} preempted")
     if r["checks_failed"] or r["checks_unknown"]:
         parts.append(f"{r['checks_failed']} checks failed, {r['checks_unknown']} unknown")
     return "; ".join(parts)
@@ -462,7 +347,7 @@ def summary_text(source: Source) -> str:
     harmed_runs = int((h["claims_harmed"] > 0).sum())
     return (f"{len(h)} runs: {int(h['claims_harmed'].sum())} claims harmed in {harmed_runs} "
             f"runs ({int(h['lost_harm'].sum())} blocks lost as harm, "
-            f"{int(h['lost_unknown'].sum())} unknown); {int(h['refused'].sum())} requests "
+            f"{int(h['lost_unknown'].sum())} unknown); {int(h[REQUEST_OUTCOME.refused].sum())} requests "
             f"refused; {int(h['checks_failed'].sum())} checks failed, "
             f"{int(h['checks_unknown'].sum())} unknown.")
 
@@ -473,10 +358,10 @@ def summary_text(source: Source) -> str:
 SWEEP_TITLES: Final[dict[str, str]] = {
     "policy": "policy", "usable_blocks": "usable blocks", "active_outcome": "active request",
     "resident_blocks_lost": "resident blocks lost", "claim_outcome": "claim outcome",
-    "harm": "of those: harm", "shortfall_blocks": "shortfall at refusal",
-    "blocking_claim_ids": "refusal named", "unknown": "of those: unknown",
-    "expiry": "of those: expiry", "relaxation": "of those: relaxation",
-    "eviction": "of those: eviction", "blocks_lost": "all blocks lost (any request)",
+    LABEL.harm: "of those: harm", "shortfall_blocks": "shortfall at refusal",
+    "blocking_claim_ids": "refusal named", CLAIM_OUTCOME.unknown: "of those: unknown",
+    LABEL.expiry: "of those: expiry", LABEL.relaxation: "of those: relaxation",
+    LABEL.eviction: "of those: eviction", "blocks_lost": "all blocks lost (any request)",
     "run_id": "run", "scenario": "scenario"}
 
 
@@ -594,7 +479,7 @@ def harm_evictors(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
     first."""
     a = _audit(source)
     lost = claim_losses(a, run_id, claim_seq)
-    lost = lost[lost["label"] == "harm"]
+    lost = lost[lost["label"] == LABEL.harm]
     if lost.empty:
         return pd.DataFrame(columns=["request_id", "tenant", "harm_blocks", "first_seq",
                                      "admitted_seq", "why"])
@@ -607,7 +492,8 @@ def harm_evictors(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
     feas = feas[(feas["run_id"] == run_id) & (feas["decision"] == "admitted")]
     feas = feas.drop_duplicates("request_id", keep="last")[
         ["request_id", "seq", "required_blocks", "live_blocks", "protected_blocks",
-         "usable_blocks", "free_blocks", "feasible", "policy", "enforcing"]].rename(columns={"seq": "admitted_seq"})
+         "usable_blocks", "free_blocks", "feasible", "policy", "enforcing"]].rename(
+            columns={"seq": "admitted_seq"})
     out = by.merge(req, on="request_id", how="left").merge(feas, on="request_id", how="left")
     out["why"] = [_why_admitted(r) for r in out.itertuples(index=False)]
     out = out.sort_values(["harm_blocks", "first_seq"], ascending=[False, True])
@@ -650,7 +536,7 @@ OCCUPANCY_TITLES: Final[dict[str, str]] = {
     "cached": "cached, unreferenced", "free": "free"}
 
 
-def _with_utc(a: Audit, run_id: str, df: pd.DataFrame, ts: str = "ts_ns") -> pd.DataFrame:
+def _with_utc(a: Pages, run_id: str, df: pd.DataFrame, ts: str = "ts_ns") -> pd.DataFrame:
     """Add ``utc`` (a timestamp) where the run's manifest has a clock anchor."""
     row = a.runs[a.runs["run_id"] == run_id]
     if row.empty or pd.isna(row["utc_start_ns"].iloc[0]) or ts not in df.columns:
@@ -790,7 +676,7 @@ def request_lanes(source: Source, run_id: str) -> pd.DataFrame:
             rows.append(_span(lane, r.tenant, "running", started, ended))
         rows.append({"lane": lane, "tenant": r.tenant, "state": str(r.outcome),
                      "start": _first(r.refused_seq, r.last_preempted_seq
-                                     if r.outcome == "preempted" else None, ended),
+                                     if r.outcome == REQUEST_OUTCOME.preempted else None, ended),
                      "end": None, "kind": "mark"})
     return pd.DataFrame(rows, columns=["lane", "tenant", "state", "start", "end", "kind"])
 
@@ -803,8 +689,8 @@ def claim_lanes(source: Source, run_id: str) -> pd.DataFrame:
     claims = a.tables["claims"]
     claims = claims[claims["run_id"] == run_id]
     end_of_run = _last_seq(a, run_id)
-    after = {"claim_demoted": "demoted", "claim_expired": "expired",
-             "claim_released": "released"}
+    after = {EVENT.claim_demoted: CLAIM_OUTCOME.demoted, EVENT.claim_expired: CLAIM_OUTCOME.expired,
+             EVENT.claim_released: CLAIM_OUTCOME.released}
     rows: list[dict[str, Any]] = []
     reused = claims["claim_id"].duplicated(keep=False).tolist()
     for c, dup in zip(claims.itertuples(index=False), reused):
@@ -813,7 +699,7 @@ def claim_lanes(source: Source, run_id: str) -> pd.DataFrame:
         if decided is not None and not _na(c.submitted_seq):
             rows.append(_span(lane, t, "submitted", c.submitted_seq, decided))
         if not _na(c.rejected_seq) and _na(c.accepted_seq):
-            rows.append({"lane": lane, "tenant": t, "state": "rejected",
+            rows.append({"lane": lane, "tenant": t, "state": CLAIM_OUTCOME.rejected,
                          "start": int(c.rejected_seq), "end": None, "kind": "mark"})
             continue
         if _na(c.accepted_seq):
@@ -826,7 +712,7 @@ def claim_lanes(source: Source, run_id: str) -> pd.DataFrame:
         else:
             rows.append(_span(lane, t, "accepted", c.accepted_seq, _first(release, end_of_run)))
         if release is not None:
-            rows.append(_span(lane, t, after.get(c.release_event, "released"), release,
+            rows.append(_span(lane, t, after.get(c.release_event, CLAIM_OUTCOME.released), release,
                               end_of_run))
     return pd.DataFrame(rows, columns=["lane", "tenant", "state", "start", "end", "kind"])
 
@@ -842,7 +728,7 @@ def claim_loss_marks(source: Source, run_id: str) -> pd.DataFrame:
     return out[["lane", "seq", "label", "blocks"]]
 
 
-def _last_seq(a: Audit, run_id: str) -> int | None:
+def _last_seq(a: Pages, run_id: str) -> int | None:
     row = a.runs[a.runs["run_id"] == run_id]
     return None if row.empty or pd.isna(row["last_seq"].iloc[0]) else int(row["last_seq"].iloc[0])
 
@@ -916,18 +802,7 @@ def explanation(source: Source, tenant: str) -> Any:
 
 #: Section outcomes a tenant page opens first (the rest are folded).
 INCIDENT_OUTCOMES: Final[frozenset[str]] = frozenset(
-    {"harmed", "unknown", "refused", "preempted"})
-
-
-def explanation_headline(expl: Any) -> str:
-    """The explanation's one-line headline (as its text and HTML renderings start)."""
-    return expl._headline()  # NOTE: the explaining module's own wording, not a copy
-
-
-def explanation_lines(section: Any) -> list[str]:
-    """A section's outcome, promise and lowering lines (as its renderings list them)."""
-
-    return _promise_lines(section)
+    {CLAIM_OUTCOME.harmed, LABEL.unknown, REQUEST_OUTCOME.refused, REQUEST_OUTCOME.preempted})
 
 
 def tenant_claims(source: Source, tenant: str) -> pd.DataFrame:

@@ -24,7 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvclaims.contract.vocabulary import LABEL_SEVERITY
+from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, LABEL, LABEL_SEVERITY, REQUEST_OUTCOME,
+                                          VERDICT)
 from kvclaims.dashboard import charts, data
 
 #: Timelines drawn at most (runs with harm, refusals or failing checks first).
@@ -116,16 +117,16 @@ class Charts:
                 f'<script type="module">{vl_convert.javascript_bundle(_EMBED_JS)}</script>')
 
 
-def timeline_runs(audit: data.Audit) -> list[str]:
+def timeline_runs(audit: data.Pages) -> list[str]:
     """The runs whose timeline the report draws: harm, refusals, failing or unknown checks
     first (most harm first), then the rest, at most ``MAX_TIMELINES``."""
     h = data.headline(audit)
-    h = h.assign(_k=-(h["lost_harm"] * 1000 + h["refused"] * 10 + h["checks_failed"]
+    h = h.assign(_k=-(h["lost_harm"] * 1000 + h[REQUEST_OUTCOME.refused] * 10 + h["checks_failed"]
                       + h["checks_unknown"]))
     return h.sort_values("_k", kind="stable")["run_id"].head(MAX_TIMELINES).tolist()
 
 
-def important_requests(audit: data.Audit, run_id: str, limit: int = MAX_REQUEST_LANES
+def important_requests(audit: data.Pages, run_id: str, limit: int = MAX_REQUEST_LANES
                        ) -> pd.DataFrame:
     """A run's request lanes, the ones that matter first (evicted a claimed block as harm,
     refused, preempted, deferred), at most ``limit`` requests."""
@@ -136,15 +137,16 @@ def important_requests(audit: data.Audit, run_id: str, limit: int = MAX_REQUEST_
     for rid, cseq in data.harmed_claims(audit, run_id):
         evictors |= set(data.harm_evictors(audit, rid, cseq)["request_id"])
     states = lanes.groupby("lane")["state"].agg(set)
-    score = {lane: (lane in evictors) * 8 + ("refused" in s) * 4 + ("preempted" in s) * 2
-             + ("deferred" in s) for lane, s in states.items()}
+    score = {lane: (lane in evictors) * 8 + (REQUEST_OUTCOME.refused in s) * 4
+             + (REQUEST_OUTCOME.preempted in s) * 2 + ("deferred" in s)
+             for lane, s in states.items()}
     order = list(dict.fromkeys(lanes["lane"]))
     keep = sorted(order, key=lambda x: -score[x])[:limit]
     keep_set = set(keep)
     return lanes[lanes["lane"].isin(keep_set)]
 
 
-def important_claims(audit: data.Audit, run_id: str, highlight: str | None = None,
+def important_claims(audit: data.Pages, run_id: str, highlight: str | None = None,
                      limit: int = MAX_REQUEST_LANES) -> pd.DataFrame:
     """A run's claim lanes, the ones that lost blocks first (harm first, then any label), the
     highlighted one always, at most ``limit`` claims."""
@@ -158,7 +160,7 @@ def important_claims(audit: data.Audit, run_id: str, highlight: str | None = Non
     return lanes[lanes["lane"].isin(keep)]
 
 
-def run_timeline(audit: data.Audit, run_id: str, highlight: str | None = None,
+def run_timeline(audit: data.Pages, run_id: str, highlight: str | None = None,
                  width: int | str = charts.WIDTH, axis: str = "seq") -> Any:
     """The timeline chart of one run (shared by the app's Timeline page and the report):
     every change of the pool, the claims and requests that matter most (at most
@@ -184,7 +186,7 @@ def run_timeline(audit: data.Audit, run_id: str, highlight: str | None = None,
                                  requests, highlight=highlight, width=width, axis=axis)
 
 
-def position_lanes(audit: data.Audit, run_id: str, claim_seq: int,
+def position_lanes(audit: data.Pages, run_id: str, claim_seq: int,
                    width: int | str = charts.WIDTH, axis: str = "seq") -> Any:
     """A claim instance's per-position block lane (``charts.position_lanes_chart``)."""
     if axis == "utc" and not data.has_clock(audit, run_id):
@@ -198,16 +200,17 @@ def position_lanes(audit: data.Audit, run_id: str, claim_seq: int,
 
 
 #: Headline columns, decisive first (what was harmed or refused, then the run's setup).
-HEADLINE_COLUMNS = ("run_id", "claims_harmed", "lost_harm", "refused", "lost_unknown",
+HEADLINE_COLUMNS = ("run_id", "claims_harmed", "lost_harm", REQUEST_OUTCOME.refused, "lost_unknown",
                     "checks_failed", "checks_unknown", "findings", "policy", "usable_blocks",
-                    "lost_expiry", "lost_relaxation", "lost_eviction", "deferred", "preempted")
+                    "lost_expiry", "lost_relaxation", "lost_eviction", "deferred",
+                    REQUEST_OUTCOME.preempted)
 #: Sweep columns shown in the report, decisive first (``data.SWEEP_TITLES`` names them).
-SWEEP_COLUMNS = ("policy", "usable_blocks", "active_outcome", "resident_blocks_lost", "harm",
+SWEEP_COLUMNS = ("policy", "usable_blocks", "active_outcome", "resident_blocks_lost", LABEL.harm,
                  "shortfall_blocks", "blocking_claim_ids", "claim_outcome", "blocks_lost",
                  "run_id")
 
 
-def sweep_section(audit: data.Audit, chart: Charts) -> list[str]:
+def sweep_section(audit: data.Pages, chart: Charts) -> list[str]:
     """The capacity-sweep section: per scenario with at least ``MIN_SWEEP_RUNS`` runs, what
     happened at each point and the two sweep plots."""
     out: list[str] = []
@@ -215,14 +218,14 @@ def sweep_section(audit: data.Audit, chart: Charts) -> list[str]:
         table = data.capacity_sweep(audit, scenario)
         if len(table) < MIN_SWEEP_RUNS:
             continue
-        harmed = int((table["harm"] > 0).sum())
-        refused = int((table["active_outcome"] == "refused").sum())
+        harmed = int((table[LABEL.harm] > 0).sum())
+        refused = int((table["active_outcome"] == REQUEST_OUTCOME.refused).sum())
         out.append(f"<h3>{_e(scenario)}</h3><p>{len(table)} points: the active request's "
                    f"allocation evicted resident blocks as harm at {harmed} of them; it was "
                    f"refused at {refused}.</p>")
         cols = [c for c in SWEEP_COLUMNS if c in table.columns]
         shown = table[cols].rename(columns=lambda c: data.SWEEP_TITLES.get(c, c))
-        out.append(table_html(shown, {"of those: harm": lambda v: "harm" if v else ""}))
+        out.append(table_html(shown, {"of those: harm": lambda v: LABEL.harm if v else ""}))
         series = data.sweep_series(audit, scenario)
         out.append("<div class='pair'>" + "".join(
             chart.html(charts.sweep_chart(series, m).properties(width=440), f"{m} by capacity")
@@ -234,7 +237,7 @@ def sweep_section(audit: data.Audit, chart: Charts) -> list[str]:
 
 def build_report(source: data.Source, title: str = "kvclaims incident report") -> str:
     """The whole report as one HTML string (see the module docstring)."""
-    audit = source if isinstance(source, data.Audit) else data.load_audit(source)
+    audit = source if isinstance(source, data.Pages) else data.load_audit(source)
     chart = Charts()
     head = data.headline(audit)
     harmful = int(head["lost_harm"].sum()) > 0
@@ -248,7 +251,7 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
            f"<p class='summary{'' if harmful else ' ok'}'>{_e(data.summary_text(audit))}</p>"]
     out += [f"<p class='note'>Warning: {_e(w)}</p>" for w in audit.truncations]
     out.append("<h2>Headline per run</h2>")
-    worst = head.assign(_k=-(head["lost_harm"] * 1000 + head["refused"] * 10
+    worst = head.assign(_k=-(head["lost_harm"] * 1000 + head[REQUEST_OUTCOME.refused] * 10
                              + head["checks_failed"] + head["checks_unknown"]))
     worst = worst[worst["_k"] < 0].sort_values("_k", kind="stable").head(8)
     if len(worst):
@@ -264,8 +267,8 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
                               "blocks lost per run by label"))
     cols = [c for c in HEADLINE_COLUMNS if c in head.columns]
     out.append(table_html(head[cols].rename(columns=lambda c: c.replace("_", " ")),
-                          {"lost harm": lambda v: "harm" if v else "",
-                           "claims harmed": lambda v: "harm" if v else ""}))
+                          {"lost harm": lambda v: LABEL.harm if v else "",
+                           "claims harmed": lambda v: LABEL.harm if v else ""}))
     out += sweep_section(audit, chart)
 
     out.append("<h2>Timeline</h2><p class='note'>Pool occupancy stacked as protected by "
@@ -294,8 +297,9 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
 
     out.append("<h2>Claims</h2>")
     claims = data.claim_outcomes(audit)
-    out.append(table_html(claims, {"outcome": lambda v: "harm" if v == "harmed" else "",
-                                   "blocks_lost_harm": lambda v: "harm" if v else ""}))
+    out.append(table_html(claims, {
+        "outcome": lambda v: LABEL.harm if v == CLAIM_OUTCOME.harmed else "",
+        "blocks_lost_harm": lambda v: LABEL.harm if v else ""}))
     out.append("<h2>Tenant explanations</h2>")
     for tenant in data.tenants(audit):
         out.append(explanation_html(data.explanation(audit, tenant)))
@@ -326,7 +330,7 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
     out.append(table_html(matrix.rename(columns=lambda c: c.removeprefix("INV_")),
                           {c.removeprefix("INV_"): (lambda v: f"v-{v}") for c in checks}))
     conf = data.conformance(audit)
-    bad = conf[conf["verdict"].isin(["fail", "unknown"])]
+    bad = conf[conf["verdict"].isin([VERDICT.fail, VERDICT.unknown])]
     if len(bad):
         out.append("<p>Every check that failed or is unknown, with its evidence:</p>")
         out.append(table_html(bad[["run_id", "check", "verdict", "title", "evidence_seqs",
@@ -349,24 +353,8 @@ def write_report(paths: Sequence[str], out: str,
 
 
 def explanation_html(expl: Any) -> str:
-    """One tenant's explanation (``kvclaims.explaining.explain``) as a report section: its
-    headline, then per claim or request (a ``<details>``: the tenant's first incident open,
-    the rest folded, so a sweep's many sections do not make the page endless) the promise,
-    the timeline, why and what would have prevented it. Every value escaped."""
-    out = [f"<h3>{_e(expl.tenant)}</h3>", f"<p>{_e(data.explanation_headline(expl))}</p>"]
-    opened = False
-    for s in expl.sections:
-        incident = s.outcome in data.INCIDENT_OUTCOMES
-        cls = "harm" if incident else ""
-        attr = " open" if incident and not opened else ""
-        opened = opened or incident
-        out.append(f"<details{attr}><summary class='{cls}'>{_e(s.title)}</summary><ul>")
-        out += [f"<li>{_e(line)}</li>" for line in data.explanation_lines(s)]
-        out += [f"<li>{_e(w)}</li>" for w in s.why]
-        out += [f"<li>Would have prevented it: {_e(p)}</li>" for p in s.prevention]
-        out.append("</ul><div class='wrap'><table><tr><th>time (UTC)</th><th>seq</th>"
-                   "<th>what</th></tr>")
-        out += [f"<tr><td>{_e(m.utc or '-')}</td><td>{m.seq}</td><td>{_e(m.text)}</td></tr>"
-                for m in s.timeline]
-        out.append("</table></div></details>")
-    return "\n".join(out)
+    """One tenant's explanation as a report section: its headline, then its sections as
+    ``kvclaims.explaining`` renders them, each folded except the tenant's first incident (a
+    sweep's many sections do not make the page endless)."""
+    return "\n".join([f"<h3>{_e(expl.tenant)}</h3>", f"<p>{_e(expl.headline())}</p>",
+                      *expl.html_sections(fold=data.INCIDENT_OUTCOMES)])

@@ -33,6 +33,7 @@ from typing import Any, Final
 from kvclaims import queries
 from kvclaims.contract.clock import Clock, clock_anchor, clock_table
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.vocabulary import TABLE_NAMES
 from kvclaims.contract.trace_writer import MANIFEST_NAME
 from kvclaims.reconstruct import core, loader
 from kvclaims.reconstruct.core import Tables, write_tables
@@ -40,8 +41,7 @@ from kvclaims.reconstruct.loader import Trace, open_run
 
 #: Tables the reconstruction builds that the audit shows (besides ``events`` and
 #: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
-RECONSTRUCTED: Final[tuple[str, ...]] = (
-    "losses", "loss_claims", "claims", "requests", "feasibility", "findings", "conformance")
+RECONSTRUCTED: Final[tuple[str, ...]] = TABLE_NAMES
 #: Where ``kvclaims reconstruct`` writes a run's tables, and the stamp that says what from.
 RECONSTRUCTED_DIR: Final[str] = "reconstructed"
 STAMP_NAME: Final[str] = "_kvclaims_stamp.json"

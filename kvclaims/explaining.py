@@ -28,20 +28,20 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
+from kvclaims.contract.vocabulary import CLAIM_OUTCOME, EVENT, LABEL, LABELS, MODE, REQUEST_OUTCOME
 from kvclaims.contract.schema import InputError
-from kvclaims.contract.vocabulary import LABELS
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
 
 #: A loss label in plain words, for someone who does not know our internals.
 LABEL_WORDS: Final[dict[str, str]] = {
-    "harm": "harm: lost while your claim was in force and materialized, breaking its promise",
-    "unknown": "unknown: lost behind a hole in the trace, so the evidence cannot tell whether "
+    LABEL.harm: "harm: lost while your claim was in force and materialized, breaking its promise",
+    LABEL.unknown: "unknown: lost behind a hole in the trace, so the evidence cannot tell whether "
                "the promise broke",
-    "expiry": "expiry: lost after your claim's TTL ran out, as an ordinary cache entry",
-    "relaxation": "relaxation: lost after your claim was demoted or released, as an ordinary "
+    LABEL.expiry: "expiry: lost after your claim's TTL ran out, as an ordinary cache entry",
+    LABEL.relaxation: "relaxation: lost after your claim was demoted or released, as an ordinary "
                   "cache entry",
-    "eviction": "eviction: lost without breaking a promise of your claim (it was not in "
+    LABEL.eviction: "eviction: lost without breaking a promise of your claim (it was not in "
                 "force yet, its mode does not promise residency here, or enough of its blocks "
                 "stayed resident)",
 }
@@ -108,12 +108,12 @@ class Explanation:
 
     def to_text(self) -> str:
         """Plain text, one block per section."""
-        out = [self._headline(), self.clock] + ([self.window_note()] if self.window else [])
+        out = [self.headline(), self.clock] + ([self.window_note()] if self.window else [])
         out.append("")
         for s in self.sections:
             out.append(s.title)
             out.append("=" * len(s.title))
-            out += [f"  {line}" for line in _promise_lines(s)]
+            out += [f"  {line}" for line in promise_lines(s)]
             out.append("  Timeline:")
             out += [f"    {_when(m)}  {m.text}" for m in s.timeline] or ["    (no events)"]
             if s.why:
@@ -131,12 +131,12 @@ class Explanation:
         """Markdown: a heading per section, bullet lists. NOTE: every line is escaped
         (``md_escape``): the lines quote trace strings (ids, run ids, reasons)."""
         m = md_escape
-        out = [f"# {m(self._headline())}", "", f"_{m(self.clock)}_", ""]
+        out = [f"# {m(self.headline())}", "", f"_{m(self.clock)}_", ""]
         if self.window:
             out += [f"_{m(self.window_note())}_", ""]
         for s in self.sections:
             out += [f"## {m(s.title)}", ""]
-            out += [f"- {m(line)}" for line in _promise_lines(s)]
+            out += [f"- {m(line)}" for line in promise_lines(s)]
             out += ["", "**Timeline**", "", "| time (UTC) | seq | what |", "|---|---|---|"]
             out += [f"| {m(t.utc or '-')} | {t.seq} | {m(t.text)} |" for t in s.timeline]
             if s.why:
@@ -154,18 +154,38 @@ class Explanation:
         e = html.escape
         parts = [
             "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-            f"<title>{e(self._headline())}</title>", f"<style>{_CSS}</style></head><body>",
-            f"<h1>{e(self._headline())}</h1>", f'<p class="clock">{e(self.clock)}</p>']
+            f"<title>{e(self.headline())}</title>", f"<style>{_CSS}</style></head><body>",
+            f"<h1>{e(self.headline())}</h1>", f'<p class="clock">{e(self.clock)}</p>']
         if self.window:
             parts.append(f'<p class="clock">{e(self.window_note())}</p>')
+        parts += self.html_sections()
+        parts.append("</body></html>")
+        return "\n".join(parts) + "\n"
+
+    def html_sections(self, fold: frozenset[str] | None = None) -> list[str]:
+        """Each section as an HTML fragment, every value escaped: the one HTML rendering, used
+        by ``to_html`` and the report. ``fold``: outcomes that count as incidents; each section
+        becomes a ``<details>``, only the first incident open (a long explanation stays
+        readable)."""
+        e = html.escape
+        parts: list[str] = []
+        opened = fold is None
         for s in self.sections:
-            parts.append(f'<section class="{e(s.outcome)}"><h2>{e(s.title)}</h2><ul>')
-            parts += [f"<li>{e(line)}</li>" for line in _promise_lines(s)]
-            parts.append("</ul><h3>Timeline</h3><table><tr><th>time (UTC)</th><th>seq</th>"
-                         "<th>what</th></tr>")
+            if fold is None:
+                parts.append(f'<section class="{e(s.outcome)}"><h2>{e(s.title)}</h2><ul>')
+            else:
+                incident = s.outcome in fold
+                attr = " open" if incident and not opened else ""
+                opened = opened or incident
+                cls = LABEL.harm if incident else ""
+                parts.append(f"<details{attr}><summary class='{cls}'>{e(s.title)}</summary>"
+                             f'<section class="{e(s.outcome)}"><ul>')
+            parts += [f"<li>{e(line)}</li>" for line in promise_lines(s)]
+            parts.append("</ul><h3>Timeline</h3><div class='wrap'><table><tr><th>time (UTC)</th>"
+                         "<th>seq</th><th>what</th></tr>")
             parts += [f"<tr><td>{e(m.utc or '-')}</td><td>{m.seq}</td><td>{e(m.text)}</td></tr>"
                       for m in s.timeline]
-            parts.append("</table>")
+            parts.append("</table></div>")
             if s.why:
                 parts.append("<h3>Why</h3><ul>" + "".join(f"<li>{e(w)}</li>" for w in s.why)
                              + "</ul>")
@@ -174,9 +194,8 @@ class Explanation:
             if s.prevention:
                 parts.append("<h3>What would have prevented it</h3><ul>"
                              + "".join(f"<li>{e(p)}</li>" for p in s.prevention) + "</ul>")
-            parts.append("</section>")
-        parts.append("</body></html>")
-        return "\n".join(parts) + "\n"
+            parts.append("</section>" if fold is None else "</section></details>")
+        return parts
 
     def render(self, fmt: str) -> str:
         """``text`` | ``md`` | ``html`` | ``json``."""
@@ -193,10 +212,10 @@ class Explanation:
         return (f"Only claims and requests with something between {self.window['since']} "
                 f"and {self.window['until']}.")
 
-    def _headline(self) -> str:
+    def headline(self) -> str:
         claims = [s for s in self.sections if s.kind == "claim"]
-        harmed = sum(s.outcome == "harmed" for s in claims)
-        unknown = sum(s.outcome == "unknown" for s in claims)
+        harmed = sum(s.outcome == CLAIM_OUTCOME.harmed for s in claims)
+        unknown = sum(s.outcome == CLAIM_OUTCOME.unknown for s in claims)
         reqs = sum(s.kind == "request" for s in self.sections)
         return (f"Explanation for {self.tenant}: {len(claims)} claim(s), {harmed} harmed, "
                 f"{unknown} unknown; {reqs} request(s) refused, deferred or preempted")
@@ -220,7 +239,7 @@ def md_escape(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", re.sub(r"[\r\n\u2028\u2029]+", " ", str(text)))
 
 
-def _promise_lines(s: Section) -> list[str]:
+def promise_lines(s: Section) -> list[str]:
     lines = [f"Outcome: {s.outcome}"]
     if s.promised:
         lines.append("Promised: " + ", ".join(f"{k} {v}" for k, v in s.promised.items()))
@@ -607,7 +626,7 @@ class _Facts:
         out: list[Moment] = [self.loss_moment(run_id, x) for x in losses]
         bound: list[tuple[int, Any, int | None]] = []
         for seq, ts, _kind, what, position, req, released_by, reason, by in rows:
-            if what == "claim_bound":
+            if what == EVENT.claim_bound:
                 bound.append((seq, ts, position))
                 continue
             out.append(Moment(seq, self.utc(ts), self.event_text(
@@ -634,28 +653,28 @@ class _Facts:
     def event_text(self, run_id: str, what: str, req: str | None, released_by: str | None,
                    reason: str | None, by: str | None) -> str:
         why = f" ({self.safe_text(run_id, reason)})" if reason else ""
-        if what == "claim_submitted":
+        if what == EVENT.claim_submitted:
             own = req is not None and (run_id, req) in self.own_requests
             return "you submitted the claim" + (f" with request {req}" if own else "")
-        if what == "claim_accepted":
+        if what == EVENT.claim_accepted:
             return "the runtime accepted the claim: from here it is in force"
-        if what == "claim_rejected":
+        if what == EVENT.claim_rejected:
             return "the runtime rejected the claim" + why
-        if what == "claim_materialized":
+        if what == EVENT.claim_materialized:
             return "the claim materialized: enough of its blocks were resident (the runtime " \
                    "reported it)"
-        if what == "claim_demoted":
+        if what == EVENT.claim_demoted:
             return ("the operator's arbiter demoted the claim to admit "
                     f"{self.whose_request(run_id, by)}: from here its blocks are ordinary "
                     "cache entries")
-        if what == "claim_expired":
+        if what == EVENT.claim_expired:
             return "the claim expired (its TTL ran out): from here its blocks are ordinary"
-        if what == "claim_released":
+        if what == EVENT.claim_released:
             who = self.releaser(run_id, released_by, req)
             return f"{who} released the claim: from here its blocks are ordinary"
-        if what == "claim_release_refused":
+        if what == EVENT.claim_release_refused:
             return "a release of the claim was refused" + why
-        if what == "claim_harmed":
+        if what == EVENT.claim_harmed:
             return ("the runtime reported the claim harmed (the audit's own verdict is the label "
                     "of each loss)")
         return what.replace("_", " ") + why
@@ -682,9 +701,9 @@ class _Facts:
             head = (f"{self.at(x.first_seq, x.ts)} {n} of your {size or '?'} block(s) were "
                     f"evicted ({x.label}) to admit {self.whose_request(run_id, x.by)}")
             out.append(head + self.capacity(self.admission(run_id, x.by, x.first_seq)))
-        if c.get("release_event") == "claim_demoted" and c.get("release_seq") is not None:
+        if c.get("release_event") == EVENT.claim_demoted and c.get("release_seq") is not None:
             out.insert(0, self.demotion_why(c))
-        if c["outcome"] == "rejected":
+        if c["outcome"] == CLAIM_OUTCOME.rejected:
             reason = self.safe_text(run_id, c.get("reject_reason")) or "no reason given"
             out.append(f"rejected at submission: {reason}")
         return out
@@ -785,36 +804,36 @@ class _Facts:
     def claim_prevention(self, c: dict[str, Any], lowering: dict[str, Any]) -> list[str]:
         """Advice the contract supports for the claim's mode and outcome (docs/claims.md)."""
         mode, outcome = c.get("protection_mode"), c["outcome"]
-        if outcome == "harmed":
+        if outcome == CLAIM_OUTCOME.harmed:
             if lowering.get("verdict") != "adapter-policy evidence":
                 return [f"Your mode ({mode}) was not enforced in this run "
                         f"({lowering.get('evidence')}). In a run that enforces hard_protected, "
                         "a hard_protected claim's blocks would have stayed and the other "
                         "request would have been deferred or refused instead."]
-            if mode == "soft_priority":
+            if mode == MODE.soft_priority:
                 return ["soft_priority only orders evictions. Under hard_protected the blocks "
                         "would have stayed and the other request would have been deferred or "
                         "refused instead."]
             return ["An enforced claim was harmed: this is a runtime bug (see the findings and "
                     "conformance of this run); report it with this explanation."]
-        if outcome == "demoted":
-            if mode != "demotable":
+        if outcome == CLAIM_OUTCOME.demoted:
+            if mode != MODE.demotable:
                 return [f"Your mode ({mode}) does not allow a demotion, yet the trace shows "
                         "one: this is a runtime bug (see the findings and conformance of this "
                         "run); report it with this explanation."]
             return ["demotable lets the arbiter demote your claim under a conflict. Under "
                     "hard_protected it would not have been demoted (the other request would "
                     "have been deferred or refused instead), or declare a higher value."]
-        if outcome == "expired":
+        if outcome == CLAIM_OUTCOME.expired:
             if c.get("ttl_s") is None:
                 return ["The claim declared no TTL, yet the trace shows an expiry: see the "
                         "findings and conformance of this run."]
             return [f"A longer ttl_s (it was {c['ttl_s']:g} s), or renewing the claim before "
                     "it ran out."]
-        if outcome == "rejected":
+        if outcome == CLAIM_OUTCOME.rejected:
             return ["Submit the claim with a mode this runtime supports (see the lowering "
                     "verdict), or with fewer blocks."]
-        if outcome == "unknown":
+        if outcome == CLAIM_OUTCOME.unknown:
             return ["Nothing can be said: the trace has a hole. Keep the recorder's queue "
                     "large enough that it drops no events."]
         return []
@@ -858,13 +877,13 @@ class _Facts:
             ORDER BY e.seq""", [run_id, q["request_id"]]).fetchall()
         timeline: list[Moment] = []
         for seq, ts, ev, free, prot, usable, blocking in events:
-            text = {"request_arrived": "the request arrived",
-                    "request_admitted": "the request was admitted",
-                    "request_finished": "the request finished",
-                    "request_preempted": "the request was preempted (its KV blocks were taken "
+            text = {EVENT.request_arrived: "the request arrived",
+                    EVENT.request_admitted: "the request was admitted",
+                    EVENT.request_finished: "the request finished",
+                    EVENT.request_preempted: "the request was preempted (its KV blocks were taken "
                                          "back; vLLM recomputes it)"}[ev]
             timeline.append(Moment(seq, self.utc(ts), text))
-            if ev == "request_preempted":
+            if ev == EVENT.request_preempted:
                 s.why.append(self.preemption_why(run_id, seq, ts, free, prot, usable, blocking))
         last_mine: list[str] = []
         last_theirs = 0
@@ -896,7 +915,7 @@ class _Facts:
                 tips.append("the other tenants' claims being released or expiring earlier "
                             "(an operator decision)")
             s.prevention = ["Any of: " + "; ".join(tips) + "."] if tips else []
-        if q["outcome"] == "preempted" and not s.prevention:
+        if q["outcome"] == REQUEST_OUTCOME.preempted and not s.prevention:
             s.prevention = ["More usable blocks, or fewer concurrent long requests: vLLM "
                             "preempts the newest running request when the pool runs out."]
         return s

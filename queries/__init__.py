@@ -14,13 +14,13 @@ import re
 from importlib import resources
 from typing import Any, Final
 
-from kvclaims.contract.vocabulary import fill_sql
+from kvclaims.contract.vocabulary import TABLE_NAMES, fill_sql
 
 # Views in the order they are created (a view may use one created before it).
 VIEWS: Final[tuple[str, ...]] = (
     "loss_labels", "loss_labels_by_tenant", "claim_outcomes", "claim_timeline",
     "request_outcomes", "refusals_with_blockers", "feasibility_violations",
-    "tenant_explanations", "pool_occupancy", "capacity_sweep")
+    "tenant_explanations", "pool_occupancy", "block_states", "capacity_sweep")
 
 #: The tables every audit has (docs/reconstruction.md), with their one-line description.
 TABLES: Final[dict[str, str]] = {
@@ -34,6 +34,7 @@ TABLES: Final[dict[str, str]] = {
     "findings": "holes in the evidence, disagreements with the runtime, violations, anomalies",
     "conformance": "litmus checks and invariants per run: verdict and the seqs that prove it",
 }
+assert set(TABLE_NAMES) <= set(TABLES)  # NOTE: every reconstructed table is described here
 
 
 def sql_text(view: str) -> str:

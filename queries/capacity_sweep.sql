@@ -17,13 +17,13 @@ WITH active AS (
 ), resident AS (
     SELECT l.run_id,
            count(*) FILTER (WHERE l.by_request_id = a.request_id) AS lost,
-           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = 'harm') AS harm,
-           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = 'expiry') AS expiry,
-           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = 'relaxation')
+           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = {label.harm}) AS harm,
+           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = {label.expiry}) AS expiry,
+           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = {label.relaxation})
                AS relaxation,
-           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = 'eviction')
+           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = {label.eviction})
                AS eviction,
-           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = 'unknown')
+           count(*) FILTER (WHERE l.by_request_id = a.request_id AND label = {label.unknown})
                AS unknown,
            count(*) AS all_lost
     FROM losses l LEFT JOIN active a ON a.run_id = l.run_id

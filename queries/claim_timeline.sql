@@ -11,7 +11,7 @@ WITH raw AS (
     SELECT run_id, claim_id, seq, ts_ns, ts, event, position, request_id, tenant,
            protection_mode, released_by, reason, by_request_id,
            -- NOTE: the reconstruction's claim_seq rule, as windows (portable SQL, no ASOF)
-           max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
+           max(CASE WHEN event = {event.claim_submitted} THEN seq END) OVER (
                PARTITION BY run_id, claim_id ORDER BY seq
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sub_seq,
            min(seq) OVER (PARTITION BY run_id, claim_id) AS first_seq
@@ -19,7 +19,7 @@ WITH raw AS (
     WHERE claim_id IS NOT NULL AND event LIKE 'claim_%'
 ), subs AS (
     SELECT run_id, claim_id, sub_seq,
-           min(CASE WHEN event = 'claim_rejected' THEN seq END) AS rejected_seq
+           min(CASE WHEN event = {event.claim_rejected} THEN seq END) AS rejected_seq
     FROM raw WHERE sub_seq IS NOT NULL
     GROUP BY run_id, claim_id, sub_seq
 ), live AS (
@@ -32,7 +32,7 @@ WITH raw AS (
     SELECT e.run_id, e.claim_id, e.seq, e.ts_ns, e.ts, e.event, e.position, e.request_id,
            e.tenant, e.protection_mode, e.released_by, e.reason, e.by_request_id,
            CASE WHEN e.sub_seq IS NULL THEN e.first_seq
-                WHEN e.event IN ('claim_submitted', 'claim_accepted', 'claim_rejected')
+                WHEN e.event IN ({event.claim_submitted}, {event.claim_accepted}, {event.claim_rejected})
                     THEN e.sub_seq
                 WHEN l.rejected_seq < e.seq AND l.prev_live_seq IS NOT NULL
                     THEN l.prev_live_seq

@@ -42,5 +42,5 @@ SELECT
     enforcing
 FROM feasibility
 WHERE (decision = 'admitted' AND NOT feasible)
-   OR (decision IN ('deferred', 'refused') AND feasible)
+   OR (decision IN ('deferred', {request_outcome.refused}) AND feasible)
 ORDER BY run_id, seq;

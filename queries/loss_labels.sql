@@ -14,7 +14,7 @@ SELECT
     -- seq of the last loss with this label
     max(seq) AS last_seq,
     -- how many of them came from a cache_reset (synthetic loss rows)
-    count(*) FILTER (WHERE cause = 'reset') AS from_reset
+    count(*) FILTER (WHERE cause = {cause.reset}) AS from_reset
 FROM losses
 GROUP BY run_id, label
 ORDER BY run_id, label;

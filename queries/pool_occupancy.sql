@@ -3,13 +3,13 @@
 -- content, or a loss). Needs `events` and the reconstructed table `losses`.
 CREATE OR REPLACE VIEW pool_occupancy AS
 WITH changes AS (
-    SELECT run_id, seq, ts_ns, ts, 1 AS delta, 'block_cached' AS change
+    SELECT run_id, seq, ts_ns, ts, 1 AS delta, {event.block_cached} AS change
     FROM (SELECT run_id, seq, ts_ns, ts, event, block_hash,
                  lag(event) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev_event,
                  lag(block_hash) OVER (PARTITION BY run_id, block_id ORDER BY seq) AS prev_hash
-          FROM events WHERE event IN ('block_cached', 'block_evicted', 'cache_reset'))
-    WHERE event = 'block_cached'
-      AND NOT (prev_event = 'block_cached' AND prev_hash IS NOT DISTINCT FROM block_hash)
+          FROM events WHERE event IN ({event.block_cached}, {event.block_evicted}, {event.cache_reset}))
+    WHERE event = {event.block_cached}
+      AND NOT (prev_event = {event.block_cached} AND prev_hash IS NOT DISTINCT FROM block_hash)
     UNION ALL
     SELECT run_id, seq, ts_ns, ts, -1, 'loss:' || label FROM losses WHERE was_resident
 )

@@ -7,10 +7,10 @@ WITH d AS (
     SELECT f.*, unnest(CASE WHEN array_length(coalesce(f.blocking_claim_ids, [])) = 0 THEN [NULL]
                             ELSE f.blocking_claim_ids END) AS blocking_claim_id
     FROM feasibility f
-    WHERE f.decision IN ('deferred', 'refused')
+    WHERE f.decision IN ('deferred', {request_outcome.refused})
 ), subs AS (
     SELECT run_id, claim_id, seq AS claim_seq, tenant, protection_mode
-    FROM events WHERE event = 'claim_submitted'
+    FROM events WHERE event = {event.claim_submitted}
 ), pick AS (
     -- NOTE: the latest instance submitted at or before the decision, as an aggregate (portable
     -- SQL, no ASOF join: the view runs on Spark too)

@@ -25,19 +25,19 @@ SELECT
     c.outcome,
     -- the sentence
     CASE c.outcome
-        WHEN 'harmed' THEN format(
+        WHEN {claim_outcome.harmed} THEN format(
             'Your claim {} was accepted (seq {}) and materialized (seq {}), but block loss at '
             'seq {} by {} broke it while it was still in force: {} block(s) lost as harm, '
             'value lost {}.', c.claim_id, c.accepted_seq, c.materialized_seq,
             c.first_harm_seq, c.harmed_by, c.blocks_lost_harm, c.value_lost)
-        WHEN 'demoted' THEN format(
+        WHEN {claim_outcome.demoted} THEN format(
             'Your claim {} was demoted at seq {} to make room for other work; {} of its blocks '
             'were lost afterwards as ordinary cache entries (relaxation), not as a broken '
             'promise.', c.claim_id, c.release_seq, c.blocks_lost_relaxation)
-        WHEN 'released' THEN format(
+        WHEN {claim_outcome.released} THEN format(
             'Your claim {} was released at seq {}; {} of its blocks were lost afterwards '
             '(relaxation).', c.claim_id, c.release_seq, c.blocks_lost_relaxation)
-        WHEN 'expired' THEN format(
+        WHEN {claim_outcome.expired} THEN format(
             'Your claim {} expired at seq {} after its ttl of {} s; {} of its blocks were lost '
             'afterwards (expiry).', c.claim_id, c.release_seq, c.ttl_s, c.blocks_lost_expiry)
     END AS explanation,
@@ -45,6 +45,6 @@ SELECT
     [v FOR v IN [c.accepted_seq, c.materialized_seq, c.release_seq, c.first_harm_seq]
      IF v IS NOT NULL] AS evidence_seqs
 FROM c
-WHERE c.outcome IN ('harmed', 'demoted', 'released', 'expired')
+WHERE c.outcome IN ({claim_outcome.harmed}, {claim_outcome.demoted}, {claim_outcome.released}, {claim_outcome.expired})
   AND (c.blocks_lost_harm + c.blocks_lost_relaxation + c.blocks_lost_expiry) > 0
 ORDER BY c.run_id, c.tenant, c.claim_id;

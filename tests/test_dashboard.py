@@ -42,7 +42,7 @@ HARD_80 = "resident60_active70-hard_protected-80"
 
 
 @pytest.fixture(scope="module")
-def audit() -> data.Audit:
+def audit() -> data.Pages:
     """Every shipped trace, reconstructed once for the module."""
     return data.load_audit(data.default_paths())
 
@@ -76,7 +76,7 @@ def test_default_paths_are_the_shipped_run_folders_without_the_prototype() -> No
     assert "arbiter-prototype" not in names and (TRACES / "arbiter-prototype").is_dir()
 
 
-def test_sweep_hard_protected_at_80_is_refused_with_shortfall_50(audit: data.Audit) -> None:
+def test_sweep_hard_protected_at_80_is_refused_with_shortfall_50(audit: data.Pages) -> None:
     row = _sweep_row(data.capacity_sweep(audit, "resident60_active70"), "hard_protected", 80)
     assert row["active_outcome"] == "refused"
     assert row["shortfall_blocks"] == 50
@@ -85,14 +85,14 @@ def test_sweep_hard_protected_at_80_is_refused_with_shortfall_50(audit: data.Aud
 
 
 def test_sweep_native_at_80_is_served_and_loses_50_resident_blocks_as_harm(
-        audit: data.Audit) -> None:
+        audit: data.Pages) -> None:
     row = _sweep_row(data.capacity_sweep(audit, "resident60_active70"), "native", 80)
     assert row["active_outcome"] == "served"
     assert pd.isna(row["shortfall_blocks"]) and pd.isna(row["blocking_claim_ids"])
     assert (row["resident_blocks_lost"], row["harm"]) == (50, 50)
 
 
-def test_capacity_sweep_shows_the_same_rows_as_kvclaims_sweep(audit: data.Audit) -> None:
+def test_capacity_sweep_shows_the_same_rows_as_kvclaims_sweep(audit: data.Pages) -> None:
     from kvclaims.cli.record import SWEEP_COLUMNS, sweep_rows
 
     cli = sweep_rows(sorted(p for p in SWEEP.iterdir() if p.is_dir()))
@@ -110,7 +110,7 @@ def test_capacity_sweep_shows_the_same_rows_as_kvclaims_sweep(audit: data.Audit)
                 assert got[col] == want[col], (want["run_id"], col)
 
 
-def test_sweep_series_has_one_line_per_policy_per_metric(audit: data.Audit) -> None:
+def test_sweep_series_has_one_line_per_policy_per_metric(audit: data.Pages) -> None:
     series = data.sweep_series(audit, "resident60_active70")
     assert len(series) == 3 * 7 * 2
     hard = series[(series["policy"] == "hard_protected") & (series["metric"] == "shortfall")]
@@ -120,14 +120,14 @@ def test_sweep_series_has_one_line_per_policy_per_metric(audit: data.Audit) -> N
     assert native["value"].tolist() == [50, 40, 30, 20, 10, 0, 0]
 
 
-def test_sweep_series_of_another_scenario_holds_only_its_runs(audit: data.Audit) -> None:
+def test_sweep_series_of_another_scenario_holds_only_its_runs(audit: data.Pages) -> None:
     series = data.sweep_series(audit, "live_pressure")
     assert set(series["run_id"]) == {"live_pressure-hard_protected-67"}
     short = series[series["metric"] == "shortfall"]
     assert short["value"].tolist() == [19]
 
 
-def test_the_tenant_explanation_is_kvclaims_explain(audit: data.Audit) -> None:
+def test_the_tenant_explanation_is_kvclaims_explain(audit: data.Pages) -> None:
     from kvclaims.explaining import explain
 
     shown = data.explanation(audit, "tenant-resident")
@@ -137,26 +137,26 @@ def test_the_tenant_explanation_is_kvclaims_explain(audit: data.Audit) -> None:
         data.claim_outcomes(audit).query("outcome == 'harmed'")["run_id"])
 
 
-def test_tenant_a_explanation_is_relaxation_not_harm(audit: data.Audit) -> None:
+def test_tenant_a_explanation_is_relaxation_not_harm(audit: data.Pages) -> None:
     (claim,) = [s for s in data.explanation(audit, "tenant-a").sections if s.kind == "claim"]
     assert claim.outcome == "released"
     text = " ".join(m.text for m in claim.timeline)
     assert "released the claim" in text and "relaxation" in text and "harm:" not in text
 
 
-def test_an_unknown_tenant_has_no_explanation(audit: data.Audit) -> None:
+def test_an_unknown_tenant_has_no_explanation(audit: data.Pages) -> None:
     with pytest.raises(InputError, match="unknown tenant"):
         data.explanation(audit, "tenant-nobody")
 
 
-def test_tenant_without_incident_is_listed_and_its_claim_preserved(audit: data.Audit) -> None:
+def test_tenant_without_incident_is_listed_and_its_claim_preserved(audit: data.Pages) -> None:
     assert "tenant-live" in data.tenants(audit)
     expl = data.explanation(audit, "tenant-live")
     assert [s.outcome for s in expl.sections if s.kind == "claim"] == ["preserved"]
     assert data.tenant_claims(audit, "tenant-live")["outcome"].tolist() == ["preserved"]
 
 
-def _other_tenants_ids(audit: data.Audit, tenant: str) -> set[str]:
+def _other_tenants_ids(audit: data.Pages, tenant: str) -> set[str]:
     """Every tenant name, claim id and request id in the audit that is not ``tenant``'s."""
     claims, req = audit.tables["claims"], audit.tables["requests"]
     own = set(claims.loc[claims["tenant"] == tenant, "claim_id"]) | set(
@@ -181,13 +181,13 @@ def test_a_tenant_page_names_no_other_tenants_ids(monkeypatch: pytest.MonkeyPatc
         assert data.md_text(tenant) in shown  # the page is about this tenant
 
 
-def test_a_tenant_page_check_finds_another_tenants_id(audit: data.Audit) -> None:
+def test_a_tenant_page_check_finds_another_tenants_id(audit: data.Pages) -> None:
     """The isolation check above can fail: tenant-a's own text names ids foreign to tenant-b."""
     own = data.explanation(audit, "tenant-a").to_text()
     assert {i for i in _other_tenants_ids(audit, "tenant-b") if i in own}
 
 
-def test_claim_timeline_of_a_harmed_claim_shows_harm_after_acceptance(audit: data.Audit) -> None:
+def test_claim_timeline_of_a_harmed_claim_shows_harm_after_acceptance(audit: data.Pages) -> None:
     (q,) = data.claim_instances(audit, NATIVE_80, "claim:resident")
     events = data.claim_lifecycle(audit, NATIVE_80, q)
     assert events["event"].tolist()[:2] == ["claim_submitted", "claim_accepted"]
@@ -201,7 +201,7 @@ def test_claim_timeline_of_a_harmed_claim_shows_harm_after_acceptance(audit: dat
 
 
 def test_claim_timeline_of_a_demoted_claim_shows_relaxation_after_demotion(
-        audit: data.Audit) -> None:
+        audit: data.Pages) -> None:
     (q,) = data.claim_instances(audit, DEMOTE_RUN, "claim:resident")
     events = data.claim_lifecycle(audit, DEMOTE_RUN, q)
     assert "claim_harmed" not in set(events["event"])
@@ -212,7 +212,7 @@ def test_claim_timeline_of_a_demoted_claim_shows_relaxation_after_demotion(
 
 
 @pytest.fixture(scope="module")
-def reused(tmp_path_factory: pytest.TempPathFactory) -> data.Audit:
+def reused(tmp_path_factory: pytest.TempPathFactory) -> data.Pages:
     """tests/fixtures/reuse_demoted.jsonl: claim:a demoted, then submitted again (a second
     instance), whose block is then evicted."""
     from kvclaims.sources.jsonl import import_jsonl
@@ -222,7 +222,7 @@ def reused(tmp_path_factory: pytest.TempPathFactory) -> data.Audit:
     return data.load_audit([run])
 
 
-def test_a_reused_claim_id_is_two_instances_with_their_own_losses(reused: data.Audit) -> None:
+def test_a_reused_claim_id_is_two_instances_with_their_own_losses(reused: data.Pages) -> None:
     (run_id,) = reused.run_ids
     first, second = data.claim_instances(reused, run_id, "claim:a")
     assert data.claim_lifecycle(reused, run_id, first)["event"].tolist()[-1] == "claim_demoted"
@@ -232,7 +232,7 @@ def test_a_reused_claim_id_is_two_instances_with_their_own_losses(reused: data.A
     assert data.harmed_claims(reused) == [(run_id, second)]
 
 
-def test_a_reused_claim_id_draws_one_lane_per_instance(reused: data.Audit) -> None:
+def test_a_reused_claim_id_draws_one_lane_per_instance(reused: data.Pages) -> None:
     (run_id,) = reused.run_ids
     first, second = data.claim_instances(reused, run_id, "claim:a")
     lanes = data.claim_lanes(reused, run_id)
@@ -241,12 +241,12 @@ def test_a_reused_claim_id_draws_one_lane_per_instance(reused: data.Audit) -> No
     assert marks == {f"claim:a #{first}": "relaxation", f"claim:a #{second}": "harm"}
 
 
-def test_a_claim_id_used_once_is_labelled_by_its_id_alone(audit: data.Audit) -> None:
+def test_a_claim_id_used_once_is_labelled_by_its_id_alone(audit: data.Pages) -> None:
     (q,) = data.claim_instances(audit, DEMOTE_RUN, "claim:resident")
     assert data.claim_label(audit, DEMOTE_RUN, q) == "claim:resident"
 
 
-def test_claims_that_lost_blocks_come_first_in_the_claim_chooser(audit: data.Audit) -> None:
+def test_claims_that_lost_blocks_come_first_in_the_claim_chooser(audit: data.Pages) -> None:
     keys = data.claim_keys(audit)
     outcome = data.claim_outcomes(audit).set_index(["run_id", "claim_seq"])
     lost = [sum(outcome.loc[k, f"blocks_lost_{x}"] for x in
@@ -256,7 +256,7 @@ def test_claims_that_lost_blocks_come_first_in_the_claim_chooser(audit: data.Aud
     assert len(keys) == len(outcome)
 
 
-def test_pool_occupancy_stays_within_the_pool(audit: data.Audit) -> None:
+def test_pool_occupancy_stays_within_the_pool(audit: data.Pages) -> None:
     for run_id in audit.run_ids:
         occ = data.pool_occupancy(audit, run_id)
         assert set(occ["run_id"]) <= {run_id}
@@ -265,12 +265,12 @@ def test_pool_occupancy_stays_within_the_pool(audit: data.Audit) -> None:
     assert data.pool_occupancy(audit, MULTI_RUN)["cached_blocks"].max() == 80
 
 
-def test_pool_occupancy_of_an_unknown_run_is_empty(audit: data.Audit) -> None:
+def test_pool_occupancy_of_an_unknown_run_is_empty(audit: data.Pages) -> None:
     assert data.pool_occupancy(audit, "no-such-run").empty
     assert data.usable_blocks(audit, "no-such-run") is None
 
 
-def test_loss_labels_count_every_label_of_multi_tenant(audit: data.Audit) -> None:
+def test_loss_labels_count_every_label_of_multi_tenant(audit: data.Pages) -> None:
     labels = data.loss_labels(audit)
     mt = labels[labels["run_id"] == MULTI_RUN].set_index("label")["blocks_lost"].to_dict()
     claims = data.claim_outcomes(audit).query("run_id == @MULTI_RUN")
@@ -279,12 +279,12 @@ def test_loss_labels_count_every_label_of_multi_tenant(audit: data.Audit) -> Non
     assert mt["relaxation"] == 43 and mt["expiry"] == 10 and "harm" not in mt
 
 
-def test_loss_labels_of_a_refusing_hard_protected_run_are_empty(audit: data.Audit) -> None:
+def test_loss_labels_of_a_refusing_hard_protected_run_are_empty(audit: data.Pages) -> None:
     labels = data.loss_labels(audit)
     assert "resident60_active70-hard_protected-80" not in set(labels["run_id"])
 
 
-def test_conformance_of_shipped_runs_passes_or_is_not_exercised(audit: data.Audit) -> None:
+def test_conformance_of_shipped_runs_passes_or_is_not_exercised(audit: data.Pages) -> None:
     conf = data.conformance(audit)
     for run_id in audit.run_ids:
         assert conf.loc[conf["run_id"] == run_id, "check"].tolist() == list(data.CHECKS)
@@ -337,30 +337,30 @@ def test_the_dashboard_never_imports_the_scheduler_or_vllm() -> None:
 
 # -- headline, sorting, timeline, evictors ------------------------------------------------------
 
-def _headline_row(audit: data.Audit, run_id: str) -> dict:
+def _headline_row(audit: data.Pages, run_id: str) -> dict:
     h = data.headline(audit)
     return h[h["run_id"] == run_id].iloc[0].to_dict()
 
 
-def test_headline_of_native_80_is_one_harmed_claim_and_50_harm_blocks(audit: data.Audit) -> None:
+def test_headline_of_native_80_is_one_harmed_claim_and_50_harm_blocks(audit: data.Pages) -> None:
     row = _headline_row(audit, NATIVE_80)
     assert (row["claims_harmed"], row["lost_harm"], row["refused"]) == (1, 50, 0)
     assert "1 of 1 claims harmed; blocks lost: 50 harm" in data.headline_text(row)
 
 
-def test_headline_of_hard_protected_80_is_a_refusal_and_no_harm(audit: data.Audit) -> None:
+def test_headline_of_hard_protected_80_is_a_refusal_and_no_harm(audit: data.Pages) -> None:
     row = _headline_row(audit, HARD_80)
     assert (row["claims_harmed"], row["lost_harm"], row["refused"]) == (0, 0, 1)
     assert "blocks lost: none; 1 of 3 requests refused" in data.headline_text(row)
 
 
-def test_summary_counts_every_harmed_claim(audit: data.Audit) -> None:
+def test_summary_counts_every_harmed_claim(audit: data.Pages) -> None:
     h = data.headline(audit)
     assert f"{int(h['claims_harmed'].sum())} claims harmed" in data.summary_text(audit)
     assert int(h["lost_harm"].sum()) > 0
 
 
-def test_runs_and_sweep_rows_sort_capacities_numerically(audit: data.Audit) -> None:
+def test_runs_and_sweep_rows_sort_capacities_numerically(audit: data.Pages) -> None:
     ids = [r for r in audit.run_ids if r.startswith("resident60_active70-hard_protected-")]
     assert [int(r.rsplit("-", 1)[1]) for r in ids] == [80, 90, 100, 110, 120, 130, 150]
     assert sorted(ids) != ids  # plain text order would put -100 before -80
@@ -369,7 +369,7 @@ def test_runs_and_sweep_rows_sort_capacities_numerically(audit: data.Audit) -> N
     assert hard == [80, 90, 100, 110, 120, 130, 150]
 
 
-def test_sweep_table_leads_with_the_decisive_columns(audit: data.Audit) -> None:
+def test_sweep_table_leads_with_the_decisive_columns(audit: data.Pages) -> None:
     cols = data.capacity_sweep(audit).columns.tolist()
     assert cols[:6] == ["policy", "usable_blocks", "active_outcome", "resident_blocks_lost",
                         "claim_outcome", "harm"]
@@ -377,19 +377,19 @@ def test_sweep_table_leads_with_the_decisive_columns(audit: data.Audit) -> None:
     assert data.SWEEP_TITLES["harm"] == "of those: harm"  # counts the active request's only
 
 
-def test_occupancy_categories_fill_exactly_the_usable_pool(audit: data.Audit) -> None:
+def test_occupancy_categories_fill_exactly_the_usable_pool(audit: data.Pages) -> None:
     occ = audit.tables["occupancy"]
     total = occ["protected"] + occ["held"] + occ["cached"] + occ["free"]
     assert (total == occ["usable_blocks"]).all()
     assert (occ[["protected", "held", "cached", "free"]] >= 0).all().all()
 
 
-def test_only_an_enforcing_policy_protects_blocks(audit: data.Audit) -> None:
+def test_only_an_enforcing_policy_protects_blocks(audit: data.Pages) -> None:
     assert data.occupancy(audit, HARD_80)["protected"].max() >= 60
     assert data.occupancy(audit, NATIVE_80)["protected"].max() == 0
 
 
-def _runtime_view(audit: data.Audit, occ: pd.DataFrame) -> pd.DataFrame:
+def _runtime_view(audit: data.Pages, occ: pd.DataFrame) -> pd.DataFrame:
     """Each admission decision's reported free/protected blocks beside the reconstructed pool
     just before that request's first allocation of the decision (or before the decision)."""
     import duckdb
@@ -411,14 +411,14 @@ def _runtime_view(audit: data.Audit, occ: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_occupancy_agrees_with_the_runtimes_own_counts_at_every_admission(
-        audit: data.Audit) -> None:
+        audit: data.Pages) -> None:
     got = _runtime_view(audit, audit.tables["occupancy"])
     assert len(got) > 90
     assert (got["free_blocks"] == got["evictable"]).all(), got
     assert (got["protected_blocks"] == got["protected"]).all(), got
 
 
-def test_occupancy_shifted_by_one_change_disagrees_with_the_runtime(audit: data.Audit) -> None:
+def test_occupancy_shifted_by_one_change_disagrees_with_the_runtime(audit: data.Pages) -> None:
     occ = audit.tables["occupancy"].copy()
     occ[["protected", "held", "cached", "free"]] = occ.groupby("run_id")[
         ["protected", "held", "cached", "free"]].shift(1).fillna(0)
@@ -427,7 +427,7 @@ def test_occupancy_shifted_by_one_change_disagrees_with_the_runtime(audit: data.
                 and (got["protected_blocks"] == got["protected"]).all())
 
 
-def test_request_lanes_end_refused_preempted_or_served(audit: data.Audit) -> None:
+def test_request_lanes_end_refused_preempted_or_served(audit: data.Pages) -> None:
     lanes = data.request_lanes(audit, MULTI_RUN)
     ends = lanes[lanes["kind"] == "mark"].set_index("lane")["state"].to_dict()
     name = {lane.rsplit("-", 1)[0]: lane for lane in ends}  # request ids end in a hash
@@ -439,7 +439,7 @@ def test_request_lanes_end_refused_preempted_or_served(audit: data.Audit) -> Non
     assert "deferred" not in lanes[lanes["lane"] == name["a-doc"]]["state"].tolist()
 
 
-def test_claim_lanes_show_a_demotion_after_force(audit: data.Audit) -> None:
+def test_claim_lanes_show_a_demotion_after_force(audit: data.Pages) -> None:
     lanes = data.claim_lanes(audit, MULTI_RUN)
     b = lanes[lanes["lane"] == "b:doc"].set_index("state")
     demoted = data.claim_outcomes(audit).query("run_id == @MULTI_RUN and claim_id == 'b:doc'")
@@ -451,7 +451,7 @@ def test_claim_lanes_show_a_demotion_after_force(audit: data.Audit) -> None:
 
 
 def test_harm_evictors_name_the_active_request_and_why_it_was_admitted(
-        audit: data.Audit) -> None:
+        audit: data.Pages) -> None:
     (q,) = data.claim_instances(audit, NATIVE_80, "claim:resident")
     ev = data.harm_evictors(audit, NATIVE_80, q)
     assert len(ev) == 1
@@ -462,13 +462,13 @@ def test_harm_evictors_name_the_active_request_and_why_it_was_admitted(
     assert "60 + 0 + 70 does not fit in 80" in row["why"]
 
 
-def test_a_preserved_claim_has_no_evictors(audit: data.Audit) -> None:
+def test_a_preserved_claim_has_no_evictors(audit: data.Pages) -> None:
     (q,) = data.claim_instances(audit, HARD_80, "claim:resident")
     assert data.harm_evictors(audit, HARD_80, q).empty
     assert data.harmed_claims(audit, HARD_80) == []
 
 
-def test_tenants_start_with_the_most_harm(audit: data.Audit) -> None:
+def test_tenants_start_with_the_most_harm(audit: data.Pages) -> None:
     names = data.tenants(audit)
     assert names[0] == "tenant-resident"  # 50 blocks lost as harm in each harmed sweep run
     assert set(names) >= {"tenant-a", "tenant-live"}
@@ -476,7 +476,7 @@ def test_tenants_start_with_the_most_harm(audit: data.Audit) -> None:
 
 
 def test_conformance_shows_titles_and_never_calls_not_exercised_a_pass(
-        audit: data.Audit) -> None:
+        audit: data.Pages) -> None:
     conf = data.conformance(audit, MULTI_RUN).set_index("check")
     assert conf.loc["L2", "verdict"] == "not_exercised"  # no reuse_denied in this run
     assert conf.loc["L3", "title"] == data.check_titles(audit)["L3"]
@@ -487,7 +487,7 @@ def test_conformance_shows_titles_and_never_calls_not_exercised_a_pass(
     assert counts["not_exercised"] > 0 and "not_applicable" not in counts
 
 
-def test_conformance_evidence_seqs_are_sorted(audit: data.Audit) -> None:
+def test_conformance_evidence_seqs_are_sorted(audit: data.Pages) -> None:
     for text in data.conformance(audit)["evidence_seqs"].dropna():
         seqs = [int(v) for v in text.split(", ") if v]
         assert seqs == sorted(seqs)
@@ -495,7 +495,7 @@ def test_conformance_evidence_seqs_are_sorted(audit: data.Audit) -> None:
 
 # -- the HTML report -----------------------------------------------------------------------------
 
-def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) -> None:
+def test_report_is_one_self_contained_page_with_the_headline(audit: data.Pages) -> None:
     from kvclaims.dashboard.report import build_report
 
     page = build_report(data.load_audit([SWEEP / NATIVE_80, MULTI]))
@@ -508,7 +508,7 @@ def test_report_is_one_self_contained_page_with_the_headline(audit: data.Audit) 
     assert "not exercised" in page and "v-not_exercised" in page
 
 
-def test_report_folds_all_but_each_tenants_first_incident(audit: data.Audit) -> None:
+def test_report_folds_all_but_each_tenants_first_incident(audit: data.Pages) -> None:
     from kvclaims.dashboard.report import explanation_html
 
     expl = data.explanation(audit, "tenant-resident")
@@ -518,7 +518,7 @@ def test_report_folds_all_but_each_tenants_first_incident(audit: data.Audit) -> 
     assert page.count("<details open>") == 1  # the first incident; the others one click away
 
 
-def test_report_has_a_capacity_sweep_section_for_a_sweep(audit: data.Audit) -> None:
+def test_report_has_a_capacity_sweep_section_for_a_sweep(audit: data.Pages) -> None:
     from kvclaims.dashboard.report import build_report
 
     page = build_report(data.load_audit([SWEEP]))
@@ -553,7 +553,7 @@ def test_every_lane_state_of_a_chart_has_its_own_colour() -> None:
     assert REQUEST_STATE_COLORS["served"] != REQUEST_STATE_COLORS["deferred_then_served"]
 
 
-def test_the_timeline_on_a_wall_clock_axis_is_in_utc_milliseconds(audit: data.Audit) -> None:
+def test_the_timeline_on_a_wall_clock_axis_is_in_utc_milliseconds(audit: data.Pages) -> None:
     from kvclaims.dashboard.report import run_timeline
 
     spec = run_timeline(audit, MULTI_RUN, axis="utc").to_dict()
@@ -565,7 +565,7 @@ def test_the_timeline_on_a_wall_clock_axis_is_in_utc_milliseconds(audit: data.Au
     assert occ["seq_utc"].iloc[0] == first[seq].value / 1e6
 
 
-def test_a_run_without_a_clock_draws_its_timeline_by_seq(reused: data.Audit) -> None:
+def test_a_run_without_a_clock_draws_its_timeline_by_seq(reused: data.Pages) -> None:
     # negative twin: no clock, so the UTC axis falls back to seq
     from kvclaims.dashboard.report import run_timeline
 
@@ -574,7 +574,7 @@ def test_a_run_without_a_clock_draws_its_timeline_by_seq(reused: data.Audit) -> 
     assert spec["vconcat"][0]["layer"][0]["encoding"]["x"]["field"] == "seq"
 
 
-def test_a_claims_block_lane_has_one_row_per_position(audit: data.Audit) -> None:
+def test_a_claims_block_lane_has_one_row_per_position(audit: data.Pages) -> None:
     lanes = data.claim_position_lanes(audit, NATIVE_80, 2)
     assert list(lanes["position"]) == list(range(60))
     lost = lanes.dropna(subset=["label"])
@@ -709,7 +709,7 @@ def test_app_timeline_offers_a_utc_axis_for_a_run_with_a_clock(
 
 
 def test_app_timeline_of_a_run_without_a_clock_has_no_axis_choice(
-        monkeypatch: pytest.MonkeyPatch, reused: data.Audit) -> None:
+        monkeypatch: pytest.MonkeyPatch, reused: data.Pages) -> None:
     # negative twin: a JSON Lines import has no clock, so seq is the only axis
     at = _page(_app(monkeypatch, *reused.paths), "Timeline")
     assert not at.exception and "timeline_axis" not in {r.key for r in at.radio}
@@ -1061,14 +1061,14 @@ def test_a_run_with_a_clock_anchor_shows_utc_beside_seq(tmp_path: Path) -> None:
     assert occ["utc"].iloc[0] == pd.Timestamp(1_764_500_000_000_000_000, unit="ns", tz="UTC")
 
 
-def test_a_run_without_a_clock_anchor_is_seq_only(reused: data.Audit) -> None:
+def test_a_run_without_a_clock_anchor_is_seq_only(reused: data.Pages) -> None:
     plain = reused  # imported from JSON Lines: no wall clock
     (run_id,) = plain.run_ids
     assert not data.has_clock(plain, run_id)
     assert "utc" not in data.occupancy(plain, run_id).columns
 
 
-def test_timeline_lanes_keep_the_claims_and_requests_that_matter(audit: data.Audit) -> None:
+def test_timeline_lanes_keep_the_claims_and_requests_that_matter(audit: data.Pages) -> None:
     from kvclaims.dashboard import report
 
     claims = report.important_claims(audit, MULTI_RUN, limit=2)

@@ -11,7 +11,9 @@ NOTE: this module imports nothing of kvclaims: it is the bottom of the import gr
 
 from __future__ import annotations
 
+import keyword
 import re
+from types import SimpleNamespace
 from typing import Final
 
 # -- events (docs/design.md §4; kvclaims.contract.schema.EVENTS gives each one's fields) --------
@@ -110,3 +112,22 @@ def vocabulary_tables() -> dict[str, list[dict[str, object]]]:
         "kv_labels": [{"label": name, "rank": i, "severity": LABEL_SEVERITY[name]}
                       for i, name in enumerate(LABELS)],
     }
+
+
+# -- the vocabulary as Python reads it -----------------------------------------------------------
+# NOTE: pages name a term as ``LABEL.harm``, ``EVENT.claim_demoted``, ...: an attribute the
+# vocabulary lacks is an AttributeError at once, where a misspelt string would match nothing. A
+# term that is a Python keyword takes a trailing underscore (``VERDICT.pass_``).
+def _terms(names: tuple[str, ...]) -> SimpleNamespace:
+    return SimpleNamespace(**{name + "_" * keyword.iskeyword(name): name for name in names})
+
+
+EVENT: Final = _terms(EVENT_NAMES)
+MODE: Final = _terms(PROTECTION_MODES)
+POLICY: Final = _terms(POLICY_NAMES)
+LABEL: Final = _terms(LABELS)
+CLAIM_OUTCOME: Final = _terms(CLAIM_OUTCOMES)
+REQUEST_OUTCOME: Final = _terms(REQUEST_OUTCOMES)
+SEVERITY: Final = _terms(FINDING_SEVERITIES)
+VERDICT: Final = _terms(CHECK_VERDICTS)
+

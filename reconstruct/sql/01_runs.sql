@@ -9,23 +9,23 @@ SELECT
     max(seq) AS last_seq,
     arg_min(event, seq) AS first_event,
     count(*) AS n_events,
-    arg_min(policy, seq) FILTER (WHERE event = 'run_started') AS started_policy,
-    arg_min(usable_blocks, seq) FILTER (WHERE event = 'run_started') AS started_usable,
-    arg_min(block_size, seq) FILTER (WHERE event = 'run_started') AS block_size,
-    arg_min(schema_version, seq) FILTER (WHERE event = 'run_started') AS schema_version,
-    arg_min(runtime, seq) FILTER (WHERE event = 'run_started') AS started_runtime,
-    arg_min(recorder_version, seq) FILTER (WHERE event = 'run_started') AS started_recorder,
+    arg_min(policy, seq) FILTER (WHERE event = {event.run_started}) AS started_policy,
+    arg_min(usable_blocks, seq) FILTER (WHERE event = {event.run_started}) AS started_usable,
+    arg_min(block_size, seq) FILTER (WHERE event = {event.run_started}) AS block_size,
+    arg_min(schema_version, seq) FILTER (WHERE event = {event.run_started}) AS schema_version,
+    arg_min(runtime, seq) FILTER (WHERE event = {event.run_started}) AS started_runtime,
+    arg_min(recorder_version, seq) FILTER (WHERE event = {event.run_started}) AS started_recorder,
     -- fail-open marks: enforcement from the first hook failure on is unknown (docs/conformance.md)
-    min(seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_seq,
-    arg_min(hook, seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_hook,
-    arg_min(error_type, seq) FILTER (WHERE event = 'hook_failed') AS hook_failed_error,
-    count(*) FILTER (WHERE event = 'hook_failed') AS n_hook_failures,
+    min(seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_seq,
+    arg_min(hook, seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_hook,
+    arg_min(error_type, seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_error,
+    count(*) FILTER (WHERE event = {event.hook_failed}) AS n_hook_failures,
     -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
-    min(least(seq, first_seq)) FILTER (WHERE event = 'recorder_gap') AS gap_seq,
-    count(*) FILTER (WHERE event = 'recorder_gap') AS n_gaps,
-    count(*) FILTER (WHERE event = 'run_finished') > 0 AS finished,
-    max(events_written) FILTER (WHERE event = 'run_finished') AS events_written,
-    max(events_dropped) FILTER (WHERE event = 'run_finished') AS events_dropped
+    min(least(seq, first_seq)) FILTER (WHERE event = {event.recorder_gap}) AS gap_seq,
+    count(*) FILTER (WHERE event = {event.recorder_gap}) AS n_gaps,
+    count(*) FILTER (WHERE event = {event.run_finished}) > 0 AS finished,
+    max(events_written) FILTER (WHERE event = {event.run_finished}) AS events_written,
+    max(events_dropped) FILTER (WHERE event = {event.run_finished}) AS events_dropped
 FROM events
 GROUP BY run_id;
 
@@ -87,14 +87,14 @@ SELECT
     coalesce(p.enforce, false) AS enforcing,
     -- NOTE: every run starts with run_started at seq 0 (recorder, listener, importers); a
     -- run whose head is missing may have lost the claims its losses depend on
-    (r.first_seq > 0 OR r.first_event <> 'run_started') AS head_missing,
+    (r.first_seq > 0 OR r.first_event <> {event.run_started}) AS head_missing,
     -- Every loss at or after this seq is `unknown` (docs/design.md: never guess after a hole).
     least(r.gap_seq, g.step_first_seq, h.hole_seq,
-          CASE WHEN r.first_seq > 0 OR r.first_event <> 'run_started' THEN r.first_seq END)
+          CASE WHEN r.first_seq > 0 OR r.first_event <> {event.run_started} THEN r.first_seq END)
         AS unknown_from_seq,
     -- Whether anything after the last event we hold could still change an outcome.
     (coalesce(m.truncated, false) OR r.gap_seq IS NOT NULL OR h.hole_seq IS NOT NULL
-     OR r.first_seq > 0 OR r.first_event <> 'run_started') AS has_hole
+     OR r.first_seq > 0 OR r.first_event <> {event.run_started}) AS has_hole
 FROM kv_ev_runs r
 LEFT JOIN kv_manifest m USING (run_id)
 LEFT JOIN kv_holes h USING (run_id)

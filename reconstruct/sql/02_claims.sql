@@ -11,7 +11,7 @@
 
 CREATE OR REPLACE TEMP TABLE kv_claim_raw AS
 SELECT run_id, seq, ts_ns, step, event, claim_id,
-       max(CASE WHEN event = 'claim_submitted' THEN seq END) OVER (
+       max(CASE WHEN event = {event.claim_submitted} THEN seq END) OVER (
            PARTITION BY run_id, claim_id ORDER BY seq
            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sub_seq,
        min(seq) OVER (PARTITION BY run_id, claim_id) AS first_seq,
@@ -28,14 +28,14 @@ SELECT run_id, claim_id, sub_seq, rejected_seq,
            PARTITION BY run_id, claim_id ORDER BY sub_seq
            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_live_seq
 FROM (SELECT run_id, any_value(claim_id) AS claim_id, sub_seq,
-             min(seq) FILTER (WHERE event = 'claim_rejected') AS rejected_seq
+             min(seq) FILTER (WHERE event = {event.claim_rejected}) AS rejected_seq
       FROM kv_claim_raw WHERE sub_seq IS NOT NULL
       GROUP BY run_id, sub_seq);
 
 CREATE OR REPLACE TEMP TABLE kv_claim_ev AS
 SELECT e.run_id, e.seq, e.ts_ns, e.step, e.event, e.claim_id,
        CASE WHEN e.sub_seq IS NULL THEN e.first_seq
-            WHEN e.event IN ('claim_submitted', 'claim_accepted', 'claim_rejected')
+            WHEN e.event IN ({event.claim_submitted}, {event.claim_accepted}, {event.claim_rejected})
                 THEN e.sub_seq
             WHEN s.rejected_seq < e.seq AND s.prev_live_seq IS NOT NULL THEN s.prev_live_seq
             ELSE e.sub_seq END AS claim_seq,
@@ -49,32 +49,32 @@ CREATE OR REPLACE TEMP TABLE kv_claim_inst AS
 WITH f AS (
     SELECT
         run_id, claim_seq, any_value(claim_id) AS claim_id,
-        min(seq) FILTER (WHERE event = 'claim_submitted') AS submitted_seq,
-        arg_min(tenant, seq) FILTER (WHERE event = 'claim_submitted') AS tenant,
-        arg_min(request_id, seq) FILTER (WHERE event = 'claim_submitted') AS request_id,
-        arg_min(protection_mode, seq) FILTER (WHERE event = 'claim_submitted') AS declared_mode,
-        arg_min(threshold_blocks, seq) FILTER (WHERE event = 'claim_submitted')
+        min(seq) FILTER (WHERE event = {event.claim_submitted}) AS submitted_seq,
+        arg_min(tenant, seq) FILTER (WHERE event = {event.claim_submitted}) AS tenant,
+        arg_min(request_id, seq) FILTER (WHERE event = {event.claim_submitted}) AS request_id,
+        arg_min(protection_mode, seq) FILTER (WHERE event = {event.claim_submitted}) AS declared_mode,
+        arg_min(threshold_blocks, seq) FILTER (WHERE event = {event.claim_submitted})
             AS declared_threshold,
-        arg_min(ttl_s, seq) FILTER (WHERE event = 'claim_submitted') AS ttl_s,
-        arg_min(value, seq) FILTER (WHERE event = 'claim_submitted') AS declared_value,
-        min(seq) FILTER (WHERE event = 'claim_accepted') AS accepted_seq,
-        arg_min(ts_ns, seq) FILTER (WHERE event = 'claim_accepted') AS accepted_ts_ns,
-        min(seq) FILTER (WHERE event = 'claim_rejected') AS rejected_seq,
-        arg_min(reason, seq) FILTER (WHERE event = 'claim_rejected') AS reject_reason,
-        min(seq) FILTER (WHERE event = 'claim_demoted') AS demoted_seq,
-        min(seq) FILTER (WHERE event = 'claim_expired') AS expired_seq,
-        arg_min(ts_ns, seq) FILTER (WHERE event = 'claim_expired') AS expired_ts_ns,
-        min(seq) FILTER (WHERE event = 'claim_released') AS released_seq,
-        min(seq) FILTER (WHERE event = 'claim_materialized') AS reported_materialized_seq,
-        list(seq ORDER BY seq) FILTER (WHERE event = 'claim_materialized')
+        arg_min(ttl_s, seq) FILTER (WHERE event = {event.claim_submitted}) AS ttl_s,
+        arg_min(value, seq) FILTER (WHERE event = {event.claim_submitted}) AS declared_value,
+        min(seq) FILTER (WHERE event = {event.claim_accepted}) AS accepted_seq,
+        arg_min(ts_ns, seq) FILTER (WHERE event = {event.claim_accepted}) AS accepted_ts_ns,
+        min(seq) FILTER (WHERE event = {event.claim_rejected}) AS rejected_seq,
+        arg_min(reason, seq) FILTER (WHERE event = {event.claim_rejected}) AS reject_reason,
+        min(seq) FILTER (WHERE event = {event.claim_demoted}) AS demoted_seq,
+        min(seq) FILTER (WHERE event = {event.claim_expired}) AS expired_seq,
+        arg_min(ts_ns, seq) FILTER (WHERE event = {event.claim_expired}) AS expired_ts_ns,
+        min(seq) FILTER (WHERE event = {event.claim_released}) AS released_seq,
+        min(seq) FILTER (WHERE event = {event.claim_materialized}) AS reported_materialized_seq,
+        list(seq ORDER BY seq) FILTER (WHERE event = {event.claim_materialized})
             AS reported_materialized_seqs,
-        min(seq) FILTER (WHERE event = 'claim_harmed') AS reported_harm_seq,
-        list(seq ORDER BY seq) FILTER (WHERE event = 'claim_harmed') AS reported_harm_seqs,
-        count(DISTINCT position) FILTER (WHERE event = 'claim_bound' AND position >= 0)
+        min(seq) FILTER (WHERE event = {event.claim_harmed}) AS reported_harm_seq,
+        list(seq ORDER BY seq) FILTER (WHERE event = {event.claim_harmed}) AS reported_harm_seqs,
+        count(DISTINCT position) FILTER (WHERE event = {event.claim_bound} AND position >= 0)
             AS positions_bound,
-        max(position) FILTER (WHERE event = 'claim_bound') AS max_position,
+        max(position) FILTER (WHERE event = {event.claim_bound}) AS max_position,
         -- slots of the labelling pass: positions a usable binding can take
-        coalesce(max(position) FILTER (WHERE event = 'claim_bound' AND position >= 0
+        coalesce(max(position) FILTER (WHERE event = {event.claim_bound} AND position >= 0
                                          AND block_hash IS NOT NULL), -1) + 1 AS n_slots
     FROM kv_claim_ev
     GROUP BY run_id, claim_seq
@@ -84,7 +84,7 @@ SELECT
     -- a claim that states no mode gets its run policy's default mode (kvclaims/contract/policies.py)
     coalesce(f.declared_mode, p.default_mode) AS protection_mode,
     coalesce(r.enforcing, false) AND coalesce(f.declared_mode, p.default_mode) IN
-        ('hard_protected', 'demotable', 'expiring') AS pinned_mode,
+        ({mode.hard_protected}, {mode.demotable}, {mode.expiring}) AS pinned_mode,
     -- NOTE: leading_prefix_at_least(k); without a declared threshold the claim covers every
     -- bound position (the arbiter does the same: threshold = number of bound blocks).
     coalesce(declared_threshold, max_position + 1) AS k,
@@ -108,30 +108,30 @@ WITH ends AS (
            i.tenant AS claim_tenant, i.protection_mode, i.ttl_s, i.accepted_seq,
            i.accepted_ts_ns, r.lifecycle_source, r.released_by_recorded,
            CASE e.event
-               WHEN 'claim_demoted' THEN
-                   CASE WHEN i.protection_mode IS DISTINCT FROM 'demotable'
+               WHEN {event.claim_demoted} THEN
+                   CASE WHEN i.protection_mode IS DISTINCT FROM {mode.demotable}
                         THEN 'demoted_not_demotable' END
-               WHEN 'claim_expired' THEN
-                   CASE WHEN i.protection_mode IS DISTINCT FROM 'expiring'
+               WHEN {event.claim_expired} THEN
+                   CASE WHEN i.protection_mode IS DISTINCT FROM {mode.expiring}
                             THEN 'expired_not_expiring'
                         WHEN i.ttl_s IS NULL THEN 'expired_without_ttl'
                         WHEN i.accepted_ts_ns IS NULL
                              OR e.ts_ns < i.accepted_ts_ns + CAST(i.ttl_s * 1e9 AS BIGINT)
                             THEN 'expired_before_ttl' END
-               WHEN 'claim_released' THEN
-                   CASE WHEN e.released_by = 'operator' THEN NULL
-                        WHEN e.released_by = 'tenant' AND e.tenant IS NOT NULL
+               WHEN {event.claim_released} THEN
+                   CASE WHEN e.released_by = {releaser.operator} THEN NULL
+                        WHEN e.released_by = {releaser.tenant} AND e.tenant IS NOT NULL
                              AND e.tenant = i.tenant THEN NULL
-                        WHEN e.released_by = 'tenant' THEN 'released_not_by_owner'
+                        WHEN e.released_by = {releaser.tenant} THEN 'released_not_by_owner'
                         -- NOTE: the arbiter ends a claim only by claim_demoted or
                         -- claim_expired, each judged by its own rule above
-                        WHEN e.released_by = 'arbiter' THEN 'released_by_arbiter'
+                        WHEN e.released_by = {releaser.arbiter} THEN 'released_by_arbiter'
                         ELSE 'released_by_unknown' END
            END AS broken_rule
     FROM kv_claim_ev e
     JOIN kv_claim_inst i ON i.run_id = e.run_id AND i.claim_seq = e.claim_seq
     JOIN kv_runs r ON r.run_id = e.run_id
-    WHERE e.event IN ('claim_demoted', 'claim_expired', 'claim_released')
+    WHERE e.event IN ({event.claim_demoted}, {event.claim_expired}, {event.claim_released})
 )
 SELECT * EXCLUDE (unreadable),
        -- the rule held, or it broke on a field the format records: the verdict is the trace's
@@ -139,8 +139,8 @@ SELECT * EXCLUDE (unreadable),
        -- the rule broke on a field the format never carries: the runtime's word is kept
        broken_rule IS NULL OR unreadable AS legit
 FROM (SELECT *,
-             (lifecycle_source = 'prototype' AND event IN ('claim_demoted', 'claim_expired'))
-             OR (NOT released_by_recorded AND event = 'claim_released') AS unreadable
+             (lifecycle_source = 'prototype' AND event IN ({event.claim_demoted}, {event.claim_expired}))
+             OR (NOT released_by_recorded AND event = {event.claim_released}) AS unreadable
       FROM ends);
 
 -- One row per claim instance, with the lifecycle end that ended its force: the first

@@ -47,11 +47,11 @@ SELECT run_id, seq, ts_ns, step, event, request_id, tenant, claim_id, block_hash
        -- releases, refusals, gaps, hook failures
        reason, released_by, first_seq, last_seq, events_dropped, hook, error_type
 FROM events
-WHERE event IN ('request_arrived', 'request_admitted', 'request_deferred', 'request_refused',
-                'request_preempted', 'request_finished', 'reuse_denied', 'claim_accepted',
-                'claim_rejected', 'claim_demoted', 'claim_expired', 'claim_released',
-                'claim_release_refused', 'claim_materialized', 'claim_harmed', 'cache_reset',
-                'recorder_gap', 'hook_failed');
+WHERE event IN ({event.request_arrived}, {event.request_admitted}, {event.request_deferred}, {event.request_refused},
+                {event.request_preempted}, {event.request_finished}, {event.reuse_denied}, {event.claim_accepted},
+                {event.claim_rejected}, {event.claim_demoted}, {event.claim_expired}, {event.claim_released},
+                {event.claim_release_refused}, {event.claim_materialized}, {event.claim_harmed}, {event.cache_reset},
+                {event.recorder_gap}, {event.hook_failed});
 
 -- A request's block events, one row per (request, scheduler step), or per event when the
 -- trace has no steps (the stepless admission join below needs each one's seq):
@@ -62,7 +62,7 @@ CREATE OR REPLACE TEMP TABLE kv_request_blocks AS
 WITH last_adm AS (
     SELECT run_id, request_id, max(seq) AS last_admitted_seq
     FROM kv_stage_events
-    WHERE event = 'request_admitted' AND request_id IS NOT NULL
+    WHERE event = {event.request_admitted} AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), b AS (
     SELECT e.run_id, e.request_id, e.step, CASE WHEN e.step IS NULL THEN e.seq END AS seq,
@@ -72,15 +72,15 @@ WITH last_adm AS (
     LEFT JOIN last_adm a ON a.run_id = e.run_id AND a.request_id = e.request_id
     -- the pass's hits on content an in-force residency claim binds (equality join)
     LEFT JOIN kv_protected_hits ph ON ph.run_id = e.run_id AND ph.seq = e.seq
-    WHERE e.event IN ('block_allocated', 'block_cached', 'block_hit')
+    WHERE e.event IN ({event.block_allocated}, {event.block_cached}, {event.block_hit})
       AND e.request_id IS NOT NULL
 )
 SELECT run_id, request_id, step, seq,
-       count(*) FILTER (WHERE event = 'block_allocated') AS n_allocated,
-       count(*) FILTER (WHERE event = 'block_cached') AS n_cached,
-       count(*) FILTER (WHERE event = 'block_hit') AS n_hit,
-       count(*) FILTER (WHERE event = 'block_hit' AND protected_hit) AS n_prot_hit,
-       count(*) FILTER (WHERE event = 'block_hit' AND after_admission) AS n_hit_after_admission
+       count(*) FILTER (WHERE event = {event.block_allocated}) AS n_allocated,
+       count(*) FILTER (WHERE event = {event.block_cached}) AS n_cached,
+       count(*) FILTER (WHERE event = {event.block_hit}) AS n_hit,
+       count(*) FILTER (WHERE event = {event.block_hit} AND protected_hit) AS n_prot_hit,
+       count(*) FILTER (WHERE event = {event.block_hit} AND after_admission) AS n_hit_after_admission
 FROM b
 GROUP BY run_id, request_id, step, seq;
 
@@ -88,7 +88,7 @@ CREATE OR REPLACE TEMP TABLE kv_decisions AS
 SELECT run_id, seq, ts_ns, step, event, request_id, protected_blocks, blocks_required,
        usable_blocks, free_blocks, shortfall_blocks, blocking_claim_ids
 FROM kv_stage_events
-WHERE event IN ('request_admitted', 'request_deferred', 'request_refused', 'request_preempted')
+WHERE event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused}, {event.request_preempted})
   AND request_id IS NOT NULL;
 
 -- An admission's allocations. With steps: the request's block_allocated events in the
@@ -97,7 +97,7 @@ WHERE event IN ('request_admitted', 'request_deferred', 'request_refused', 'requ
 CREATE OR REPLACE TEMP TABLE kv_admission_allocs AS
 WITH adm AS (
     SELECT run_id, request_id, seq AS adm_seq, step AS adm_step
-    FROM kv_decisions WHERE event = 'request_admitted'
+    FROM kv_decisions WHERE event = {event.request_admitted}
 ), per_step AS (
     SELECT run_id, request_id, step, n_allocated AS n, n_allocated + n_hit AS n_blocks,
            n_prot_hit
@@ -109,10 +109,10 @@ WITH adm AS (
     FROM (SELECT run_id, request_id, seq, event FROM kv_decisions WHERE step IS NULL
           UNION ALL
           SELECT run_id, request_id, seq, event FROM kv_stage_events
-          WHERE event = 'request_finished' AND request_id IS NOT NULL AND step IS NULL)
+          WHERE event = {event.request_finished} AND request_id IS NOT NULL AND step IS NULL)
 ), adm_stepless AS (
     SELECT run_id, request_id, seq AS adm_seq, next_seq AS adm_end
-    FROM life WHERE event = 'request_admitted'
+    FROM life WHERE event = {event.request_admitted}
 ), alloc_stepless AS (
     -- each stepless allocation or hit, with the request's latest stepless admission before it
     -- NOTE: admissions' seqs grow with seq, so the running max is the latest one
@@ -154,12 +154,12 @@ CREATE OR REPLACE TABLE feasibility AS
 WITH prompt AS (
     SELECT e.run_id, e.request_id,
            arg_min(e.num_prompt_tokens, e.seq) AS num_prompt_tokens
-    FROM kv_stage_events e WHERE e.event = 'request_arrived' AND e.request_id IS NOT NULL
+    FROM kv_stage_events e WHERE e.event = {event.request_arrived} AND e.request_id IS NOT NULL
     GROUP BY ALL
 ), next_adm AS (
     -- each deferral with the request's next admission (at or after it)
     SELECT run_id, seq, request_id, event,
-           min(CASE WHEN event = 'request_admitted' THEN seq END) OVER (
+           min(CASE WHEN event = {event.request_admitted} THEN seq END) OVER (
                PARTITION BY run_id, request_id ORDER BY seq
                ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_adm_seq
     FROM kv_decisions
@@ -168,7 +168,7 @@ WITH prompt AS (
     FROM next_adm d
     JOIN kv_admission_allocs a
       ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.next_adm_seq
-    WHERE d.event = 'request_deferred'
+    WHERE d.event = {event.request_deferred}
 ), f AS (
     SELECT d.run_id, d.seq, d.ts_ns, d.step, d.request_id, d.event,
            coalesce(d.usable_blocks, r.usable_blocks) AS usable_blocks,
@@ -181,7 +181,7 @@ WITH prompt AS (
            -- NOTE: with steps, an admission's own step shows what it took: more than its prompt
            -- when it resumes after a preemption (vLLM recomputes prompt and output so far)
            -- NOTE: DuckDB's greatest skips NULLs: the NULL tests keep a missing figure NULL
-           CASE WHEN d.event = 'request_preempted' THEN 0 ELSE coalesce(
+           CASE WHEN d.event = {event.request_preempted} THEN 0 ELSE coalesce(
                CASE WHEN p.num_prompt_tokens IS NOT NULL AND r.block_size > 0 THEN
                greatest(0, greatest(ceil(p.num_prompt_tokens / r.block_size)::BIGINT,
                                     CASE WHEN d.step IS NOT NULL

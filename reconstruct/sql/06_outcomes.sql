@@ -11,7 +11,7 @@ WITH refs AS (
     SELECT run_id, seq, event, unnest(blocking_claim_ids) AS claim_id, request_id, NULL AS tenant,
            NULL AS released_by, NULL AS reason, NULL::UBIGINT AS block_hash
     FROM kv_stage_events
-    WHERE event IN ('request_deferred', 'request_refused', 'request_preempted')
+    WHERE event IN ({event.request_deferred}, {event.request_refused}, {event.request_preempted})
       AND blocking_claim_ids IS NOT NULL
 ), merged AS (
     -- the references and the instances of each claim id, in seq order (instance rows carry
@@ -38,8 +38,8 @@ WITH refs AS (
 SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
        claim_seq
 FROM kv_claim_ev
-WHERE event IN ('claim_released', 'claim_release_refused', 'claim_materialized',
-                'claim_harmed')
+WHERE event IN ({event.claim_released}, {event.claim_release_refused}, {event.claim_materialized},
+                {event.claim_harmed})
 UNION ALL
 SELECT run_id, seq, event, claim_id, request_id, tenant, released_by, reason, block_hash,
        coalesce(latest_seq, latest_any, next_seq) AS claim_seq
@@ -49,39 +49,39 @@ WHERE is_ref;
 CREATE OR REPLACE TABLE claims AS
 WITH lost AS (
     SELECT run_id, claim_seq,
-           count(*) FILTER (WHERE label = 'harm') AS blocks_lost_harm,
-           count(*) FILTER (WHERE label = 'expiry') AS blocks_lost_expiry,
-           count(*) FILTER (WHERE label = 'relaxation') AS blocks_lost_relaxation,
-           count(*) FILTER (WHERE label = 'eviction') AS blocks_lost_eviction,
-           count(*) FILTER (WHERE label = 'unknown') AS blocks_lost_unknown,
-           min(seq) FILTER (WHERE label = 'harm') AS first_harm_seq,
-           arg_min(ts_ns, seq) FILTER (WHERE label = 'harm') AS first_harm_ts_ns,
-           arg_min(by_request_id, seq) FILTER (WHERE label = 'harm') AS first_harm_by_request_id
+           count(*) FILTER (WHERE label = {label.harm}) AS blocks_lost_harm,
+           count(*) FILTER (WHERE label = {label.expiry}) AS blocks_lost_expiry,
+           count(*) FILTER (WHERE label = {label.relaxation}) AS blocks_lost_relaxation,
+           count(*) FILTER (WHERE label = {label.eviction}) AS blocks_lost_eviction,
+           count(*) FILTER (WHERE label = {label.unknown}) AS blocks_lost_unknown,
+           min(seq) FILTER (WHERE label = {label.harm}) AS first_harm_seq,
+           arg_min(ts_ns, seq) FILTER (WHERE label = {label.harm}) AS first_harm_ts_ns,
+           arg_min(by_request_id, seq) FILTER (WHERE label = {label.harm}) AS first_harm_by_request_id
     FROM loss_claims
     GROUP BY run_id, claim_seq
 ), rel AS (
     -- who released the instance, and how many releases by others were refused (issue 8
     -- item 8: a release takes the claim's own tenant; the operator's is recorded as such)
     SELECT run_id, claim_seq,
-           arg_min(released_by, seq) FILTER (WHERE event = 'claim_released') AS released_by,
-           count(*) FILTER (WHERE event = 'claim_release_refused') AS release_refusals,
-           list(seq ORDER BY seq) FILTER (WHERE event = 'claim_release_refused')
+           arg_min(released_by, seq) FILTER (WHERE event = {event.claim_released}) AS released_by,
+           count(*) FILTER (WHERE event = {event.claim_release_refused}) AS release_refusals,
+           list(seq ORDER BY seq) FILTER (WHERE event = {event.claim_release_refused})
                AS release_refused_seqs
     FROM kv_claim_refs
-    WHERE event IN ('claim_released', 'claim_release_refused')
+    WHERE event IN ({event.claim_released}, {event.claim_release_refused})
     GROUP BY run_id, claim_seq
 ), o AS (
     SELECT
         f.run_id, f.claim_id, f.claim_seq, f.tenant, f.request_id, f.protection_mode,
-        f.k AS threshold_blocks, f.ttl_s, f.value, f.positions_bound,
+        f.pinned_mode, f.k AS threshold_blocks, f.ttl_s, f.value, f.positions_bound,
         f.submitted_seq, f.accepted_seq, f.rejected_seq, f.reject_reason,
         m.materialized_seq, f.reported_materialized_seq,
         f.release_seq, f.release_event, f.reported_harm_seq,
         CASE f.release_event
-            WHEN 'claim_released' THEN f.release_released_by
+            WHEN {event.claim_released} THEN f.release_released_by
             -- demotion and expiry are the arbiter's own (kvclaims/contract/schema.py RELEASERS)
-            WHEN 'claim_demoted' THEN 'arbiter'
-            WHEN 'claim_expired' THEN 'arbiter'
+            WHEN {event.claim_demoted} THEN {releaser.arbiter}
+            WHEN {event.claim_expired} THEN {releaser.arbiter}
         END AS released_by,
         coalesce(rel.release_refusals, 0) AS release_refusals,
         coalesce(rel.release_refused_seqs, []::BIGINT[]) AS release_refused_seqs,
@@ -92,20 +92,20 @@ WITH lost AS (
         coalesce(l.blocks_lost_unknown, 0) AS blocks_lost_unknown,
         l.first_harm_seq, l.first_harm_ts_ns, l.first_harm_by_request_id,
         CASE
-            WHEN f.submitted_seq IS NULL THEN 'unknown'
-            WHEN f.accepted_seq IS NULL AND f.rejected_seq IS NOT NULL THEN 'rejected'
-            WHEN f.accepted_seq IS NULL THEN 'unknown'         -- submitted, never decided
-            WHEN l.first_harm_seq IS NOT NULL THEN 'harmed'    -- final: harm is never undone
-            WHEN coalesce(l.blocks_lost_unknown, 0) > 0 THEN 'unknown'
+            WHEN f.submitted_seq IS NULL THEN {claim_outcome.unknown}
+            WHEN f.accepted_seq IS NULL AND f.rejected_seq IS NOT NULL THEN {claim_outcome.rejected}
+            WHEN f.accepted_seq IS NULL THEN {claim_outcome.unknown}         -- submitted, never decided
+            WHEN l.first_harm_seq IS NOT NULL THEN {claim_outcome.harmed}    -- final: harm is never undone
+            WHEN coalesce(l.blocks_lost_unknown, 0) > 0 THEN {claim_outcome.unknown}
             -- a release is final; one before any hole is known
             WHEN f.release_seq IS NOT NULL AND f.release_seq < coalesce(r.unknown_from_seq, f.release_seq + 1)
-                THEN CASE f.release_event WHEN 'claim_demoted' THEN 'demoted'
-                                          WHEN 'claim_expired' THEN 'expired'
-                                          ELSE 'released' END
+                THEN CASE f.release_event WHEN {event.claim_demoted} THEN {claim_outcome.demoted}
+                                          WHEN {event.claim_expired} THEN {claim_outcome.expired}
+                                          ELSE {claim_outcome.released} END
             -- anything else could still change behind a gap or after a truncation
-            WHEN r.has_hole THEN 'unknown'
-            WHEN m.materialized_seq IS NOT NULL THEN 'preserved'
-            ELSE 'never_materialized'
+            WHEN r.has_hole THEN {claim_outcome.unknown}
+            WHEN m.materialized_seq IS NOT NULL THEN {claim_outcome.preserved}
+            ELSE {claim_outcome.never_materialized}
         END AS outcome
     FROM kv_claim_facts f
     JOIN kv_runs r ON r.run_id = f.run_id
@@ -117,13 +117,15 @@ SELECT
     run_id, claim_id, claim_seq, outcome, tenant, request_id, protection_mode,
     threshold_blocks, ttl_s, value,
     -- NOTE: value is all-or-nothing: a harmed claim loses all of it
-    CASE outcome WHEN 'harmed' THEN value WHEN 'unknown' THEN NULL ELSE 0.0 END AS value_lost,
+    CASE outcome WHEN {claim_outcome.harmed} THEN value WHEN {claim_outcome.unknown} THEN NULL ELSE 0.0 END AS value_lost,
     first_harm_seq, first_harm_ts_ns, first_harm_by_request_id,
     blocks_lost_harm, blocks_lost_expiry, blocks_lost_relaxation, blocks_lost_eviction,
     blocks_lost_unknown,
     submitted_seq, accepted_seq, rejected_seq, reject_reason, materialized_seq,
     reported_materialized_seq, release_seq, release_event, released_by, release_refusals,
-    release_refused_seqs, reported_harm_seq, positions_bound
+    release_refused_seqs, reported_harm_seq, positions_bound,
+    -- true when its blocks are pinned while in force (a pinning mode under an enforcing policy)
+    pinned_mode
 FROM o
 ORDER BY run_id, claim_seq;
 
@@ -134,22 +136,22 @@ WITH arrived AS (
     SELECT run_id, request_id, min(seq) AS arrived_seq, arg_min(tenant, seq) AS tenant,
            arg_min(claim_id, seq) AS claim_id,
            arg_min(num_prompt_tokens, seq) AS num_prompt_tokens
-    FROM kv_stage_events WHERE event = 'request_arrived' AND request_id IS NOT NULL
+    FROM kv_stage_events WHERE event = {event.request_arrived} AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), steps AS (
     SELECT
         run_id, request_id,
-        min(seq) FILTER (WHERE event = 'request_admitted') AS admitted_seq,
-        max(seq) FILTER (WHERE event = 'request_admitted') AS last_admitted_seq,
-        count(*) FILTER (WHERE event = 'request_deferred') AS deferrals,
-        min(seq) FILTER (WHERE event = 'request_deferred') AS first_deferred_seq,
-        count(*) FILTER (WHERE event = 'request_preempted') AS preemptions,
-        min(seq) FILTER (WHERE event = 'request_preempted') AS first_preempted_seq,
-        max(seq) FILTER (WHERE event = 'request_preempted') AS last_preempted_seq,
-        min(seq) FILTER (WHERE event = 'reuse_denied') AS reuse_denied_seq
+        min(seq) FILTER (WHERE event = {event.request_admitted}) AS admitted_seq,
+        max(seq) FILTER (WHERE event = {event.request_admitted}) AS last_admitted_seq,
+        count(*) FILTER (WHERE event = {event.request_deferred}) AS deferrals,
+        min(seq) FILTER (WHERE event = {event.request_deferred}) AS first_deferred_seq,
+        count(*) FILTER (WHERE event = {event.request_preempted}) AS preemptions,
+        min(seq) FILTER (WHERE event = {event.request_preempted}) AS first_preempted_seq,
+        max(seq) FILTER (WHERE event = {event.request_preempted}) AS last_preempted_seq,
+        min(seq) FILTER (WHERE event = {event.reuse_denied}) AS reuse_denied_seq
     FROM kv_stage_events
     WHERE request_id IS NOT NULL
-      AND event IN ('request_admitted', 'request_deferred', 'request_preempted', 'reuse_denied')
+      AND event IN ({event.request_admitted}, {event.request_deferred}, {event.request_preempted}, {event.reuse_denied})
     GROUP BY run_id, request_id
 ), preempted AS (
     -- issue 8 item 5: what vLLM met when it preempted the request (its first preemption);
@@ -162,7 +164,7 @@ WITH arrived AS (
            arg_min(e.blocking_claim_ids, e.seq) AS preempted_blocking_claim_ids
     FROM kv_stage_events e
     LEFT JOIN feasibility f ON f.run_id = e.run_id AND f.seq = e.seq
-    WHERE e.event = 'request_preempted' AND e.request_id IS NOT NULL
+    WHERE e.event = {event.request_preempted} AND e.request_id IS NOT NULL
     GROUP BY e.run_id, e.request_id
 ), refused AS (
     -- the shortfall rebuilt from the trace (feasibility), the runtime's beside it
@@ -173,14 +175,14 @@ WITH arrived AS (
            arg_min(e.reason, e.seq) AS refusal_reason
     FROM kv_stage_events e
     LEFT JOIN feasibility f ON f.run_id = e.run_id AND f.seq = e.seq
-    WHERE e.event = 'request_refused' AND e.request_id IS NOT NULL
+    WHERE e.event = {event.request_refused} AND e.request_id IS NOT NULL
     GROUP BY e.run_id, e.request_id
 ), finished AS (
     SELECT run_id, request_id, max(seq) AS finished_seq,
            arg_max(finish_reason, seq) AS finish_reason,
            arg_max(num_cached_tokens, seq) AS num_cached_tokens,
            arg_max(num_output_tokens, seq) AS num_output_tokens
-    FROM kv_stage_events WHERE event = 'request_finished' AND request_id IS NOT NULL
+    FROM kv_stage_events WHERE event = {event.request_finished} AND request_id IS NOT NULL
     GROUP BY run_id, request_id
 ), blocks AS (
     -- from the per-step counts of 05_feasibility (kv_request_blocks)
@@ -196,13 +198,13 @@ WITH arrived AS (
     SELECT run_id, request_id, event, claim_id, claim_seq, seq,
            min(seq) OVER (PARTITION BY run_id, request_id, event) AS first_seq
     FROM kv_claim_refs
-    WHERE event IN ('request_refused', 'request_preempted')
+    WHERE event IN ({event.request_refused}, {event.request_preempted})
 ), claim_refs AS (
     -- the claim instances named by each request's refusal and first preemption
     SELECT run_id, request_id,
-           list(claim_seq ORDER BY claim_id) FILTER (WHERE event = 'request_refused')
+           list(claim_seq ORDER BY claim_id) FILTER (WHERE event = {event.request_refused})
                AS blocking_claim_seqs,
-           list(claim_seq ORDER BY claim_id) FILTER (WHERE event = 'request_preempted')
+           list(claim_seq ORDER BY claim_id) FILTER (WHERE event = {event.request_preempted})
                AS preempted_blocking_claim_seqs
     FROM first_refs
     WHERE seq = first_seq
@@ -235,18 +237,18 @@ WITH arrived AS (
 SELECT
     a.run_id, a.request_id,
     CASE
-        WHEN a.refused_seq IS NOT NULL THEN 'refused'
+        WHEN a.refused_seq IS NOT NULL THEN {request_outcome.refused}
         WHEN a.finished_seq IS NOT NULL
-             AND a.finish_reason IN ('abort', 'aborted', 'error', 'cancelled') THEN 'aborted'
+             AND a.finish_reason IN ('abort', {request_outcome.aborted}, 'error', 'cancelled') THEN {request_outcome.aborted}
         -- NOTE: vLLM resumes a preempted request by recomputing it: it finishes, but its KV was
         -- lost mid-flight, which is the outcome an auditor needs to see
-        WHEN a.finished_seq IS NOT NULL AND a.preemptions > 0 THEN 'preempted'
-        WHEN a.finished_seq IS NOT NULL AND a.deferrals > 0 THEN 'deferred_then_served'
-        WHEN a.finished_seq IS NOT NULL THEN 'served'
+        WHEN a.finished_seq IS NOT NULL AND a.preemptions > 0 THEN {request_outcome.preempted}
+        WHEN a.finished_seq IS NOT NULL AND a.deferrals > 0 THEN {request_outcome.deferred_then_served}
+        WHEN a.finished_seq IS NOT NULL THEN {request_outcome.served}
         -- NOTE: a request that has not finished may still finish behind a hole
-        WHEN r.has_hole THEN 'unknown'
-        WHEN a.preemptions > 0 THEN 'preempted'
-        ELSE 'unknown'
+        WHEN r.has_hole THEN {request_outcome.unknown}
+        WHEN a.preemptions > 0 THEN {request_outcome.preempted}
+        ELSE {request_outcome.unknown}
     END AS outcome,
     a.tenant, a.claim_id,
     oc.claim_seq,

@@ -27,7 +27,7 @@ WITH mode_ev AS (
     -- the mode's promise broken in the run: a loss of a claim of the mode labelled harm
     SELECT run_id, protection_mode AS mode, min(seq) AS broken_seq,
            count(DISTINCT claim_seq) AS n_claims
-    FROM loss_claims WHERE label = 'harm' AND protection_mode IS NOT NULL
+    FROM loss_claims WHERE label = {label.harm} AND protection_mode IS NOT NULL
     GROUP BY ALL
 ), pressed AS (
     -- a claim of the mode met pressure: it protected blocks at a decision the trace shows
@@ -42,7 +42,7 @@ WITH mode_ev AS (
           WHERE accepted_seq < seq GROUP BY ALL
           UNION ALL
           SELECT run_id, protection_mode, release_seq FROM kv_claim_facts
-          WHERE release_event IN ('claim_demoted', 'claim_expired'))
+          WHERE release_event IN ({event.claim_demoted}, {event.claim_expired}))
     WHERE mode IS NOT NULL
     GROUP BY ALL
 ), derived AS (
@@ -64,18 +64,18 @@ WITH mode_ev AS (
     -- trace (its claims go through hooks added to vLLM: an adapter)
     SELECT d.*,
            CASE
-               WHEN d.mode = 'offloadable' AND d.rejected_seq IS NOT NULL THEN 'rejected mapping'
-               WHEN d.mode = 'offloadable' AND d.accepted_seq IS NOT NULL
+               WHEN d.mode = {mode.offloadable} AND d.rejected_seq IS NOT NULL THEN 'rejected mapping'
+               WHEN d.mode = {mode.offloadable} AND d.accepted_seq IS NOT NULL
                    THEN 'adapter-observational evidence'
-               WHEN d.mode = 'offloadable' AND coalesce(d.schema_version, 1) >= 2
+               WHEN d.mode = {mode.offloadable} AND coalesce(d.schema_version, 1) >= 2
                    THEN 'rejected mapping'
-               WHEN d.mode = 'offloadable' THEN 'unknown evidence'
-               WHEN d.enforced_verdict = 'rejected' THEN 'rejected mapping'
+               WHEN d.mode = {mode.offloadable} THEN 'unknown evidence'
+               WHEN d.enforced_verdict = {claim_outcome.rejected} THEN 'rejected mapping'
                WHEN NOT d.enforcing OR d.run_evidence = 'observed'
                    THEN 'adapter-observational evidence'
                WHEN d.broken THEN 'rejected mapping'
                WHEN d.has_hole OR d.hook_failed_seq IS NOT NULL THEN 'unknown evidence'
-               WHEN d.enforced_verdict = 'recorded only' OR d.mode = 'best_effort'
+               WHEN d.enforced_verdict = 'recorded only' OR d.mode = {mode.best_effort}
                    THEN 'adapter-observational evidence'
                WHEN d.enforced_verdict = 'approximated' THEN 'approximation substrate'
                WHEN d.pressed_seq IS NOT NULL THEN 'adapter-policy evidence'
@@ -85,18 +85,18 @@ WITH mode_ev AS (
 )
 SELECT c.run_id, c.mode, c.verdict,
        CASE
-           WHEN c.mode = 'offloadable' AND c.rejected_seq IS NOT NULL
+           WHEN c.mode = {mode.offloadable} AND c.rejected_seq IS NOT NULL
                THEN format('an offloadable claim was rejected at seq {}: {}', c.rejected_seq,
                            coalesce(c.reject_reason, '?'))
-           WHEN c.mode = 'offloadable' AND c.accepted_seq IS NOT NULL
+           WHEN c.mode = {mode.offloadable} AND c.accepted_seq IS NOT NULL
                THEN format('an offloadable claim was accepted at seq {}, but offload is not '
                            'implemented: its blocks are ordinary cache entries', c.accepted_seq)
-           WHEN c.mode = 'offloadable' AND coalesce(c.schema_version, 1) >= 2
+           WHEN c.mode = {mode.offloadable} AND coalesce(c.schema_version, 1) >= 2
                THEN 'the schema-2 recorder rejects offloadable at submission (offload is not '
                     'implemented); no such claim in this run'
-           WHEN c.mode = 'offloadable' THEN 'no offloadable claim in this run, and the trace '
+           WHEN c.mode = {mode.offloadable} THEN 'no offloadable claim in this run, and the trace '
                                             'predates the recorder''s rejection of the mode'
-           WHEN c.enforced_verdict = 'rejected' THEN c.enforcement
+           WHEN c.enforced_verdict = {claim_outcome.rejected} THEN c.enforcement
            WHEN NOT c.enforcing OR c.run_evidence = 'observed'
                THEN format('policy {} enforces no claim: claims are recorded and judged, never '
                            'enforced{}', coalesce(c.policy, '(unknown)'),
@@ -145,7 +145,7 @@ WITH dem AS (
     FROM kv_lifecycle_ends x
     LEFT JOIN kv_release_freed fr
       ON fr.run_id = x.run_id AND fr.seq = x.seq AND fr.claim_seq = x.claim_seq
-    WHERE x.event = 'claim_demoted' AND x.legit AND x.verified
+    WHERE x.event = {event.claim_demoted} AND x.legit AND x.verified
 ), cand AS (
     SELECT d.run_id, d.seq, f.seq AS decision_seq, f.protected_blocks, f.live_blocks,
            f.required_blocks, f.usable_blocks,
@@ -153,7 +153,7 @@ WITH dem AS (
     FROM dem d
     JOIN feasibility f
       ON f.run_id = d.run_id AND f.request_id = d.by_request_id AND f.seq > d.seq
-         AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+         AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
     WHERE d.step IS NULL OR f.step = d.step
 )
 SELECT d.*, c.decision_seq, c.protected_blocks, c.live_blocks, c.required_blocks,
@@ -170,7 +170,7 @@ CREATE OR REPLACE TABLE findings AS
 WITH f AS (
     -- holes ---------------------------------------------------------------------------------
     -- NOTE: the hole starts at the first seq of the scheduler step the gap falls in (stage 01)
-    SELECT g.run_id, 'recorder_gap' AS kind, 'hole' AS severity, g.seq,
+    SELECT g.run_id, {event.recorder_gap} AS kind, {severity.hole} AS severity, g.seq,
            [g.seq, g.first_seq, g.last_seq] AS seqs, NULL AS claim_id, NULL::BIGINT AS claim_seq,
            NULL AS request_id, NULL::UBIGINT AS block_hash,
            format('recorder dropped {} events (seq {}..{}): every loss from seq {} on is unknown',
@@ -178,58 +178,58 @@ WITH f AS (
                   coalesce(g.last_seq::VARCHAR, '?'),
                   least(g.seq, g.first_seq, r.unknown_from_seq)) AS detail
     FROM kv_stage_events g JOIN kv_runs r ON r.run_id = g.run_id
-    WHERE g.event = 'recorder_gap'
+    WHERE g.event = {event.recorder_gap}
     UNION ALL
-    SELECT run_id, 'seq_hole', 'hole', hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, 'seq_hole', {severity.hole}, hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
            format('seq {} is missing and no recorder_gap covers it', hole_seq)
     FROM kv_runs WHERE hole_seq IS NOT NULL AND (gap_seq IS NULL OR hole_seq < gap_seq)
     UNION ALL
-    SELECT run_id, 'missing_head', 'hole', first_seq, [first_seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, 'missing_head', {severity.hole}, first_seq, [first_seq], NULL, NULL, NULL, NULL,
            format('the run starts at seq {} with {} instead of run_started at seq 0: its head '
                   'is missing, every loss is unknown', first_seq, first_event)
     FROM kv_runs WHERE head_missing
     UNION ALL
-    SELECT run_id, 'truncated', 'hole', last_seq, [last_seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, 'truncated', {severity.hole}, last_seq, [last_seq], NULL, NULL, NULL, NULL,
            format('the run''s last segment is truncated after seq {}: outcomes that could '
                   'still change are unknown', last_seq)
     FROM kv_runs WHERE truncated
     UNION ALL
     -- fail-open: a hook or the arbiter raised inside vLLM; the engine kept serving, so what
     -- enforcement did from here on is not known (checks judged after it are `unknown`)
-    SELECT run_id, 'hook_failed', 'hole', seq, [seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, {event.hook_failed}, {severity.hole}, seq, [seq], NULL, NULL, NULL, NULL,
            format('hook {} failed inside vLLM at seq {} ({}); the engine kept serving: '
                   'enforcement from seq {} on is unknown, not blamed on the policy',
                   coalesce(hook, '?'), seq, coalesce(error_type, 'unknown error'), seq)
-    FROM kv_stage_events WHERE event = 'hook_failed'
+    FROM kv_stage_events WHERE event = {event.hook_failed}
 
     -- runtime reports vs reconstruction ------------------------------------------------------
     UNION ALL
-    SELECT c.run_id, 'harm_not_reported', 'disagreement', c.first_harm_seq,
+    SELECT c.run_id, 'harm_not_reported', {severity.disagreement}, c.first_harm_seq,
            [c.first_harm_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} was harmed at seq {} (reconstructed) but the runtime reported no '
-                  'claim_harmed', c.claim_id, c.first_harm_seq)
+                  {event.claim_harmed}, c.claim_id, c.first_harm_seq)
     FROM claims c
     -- NOTE: the runtime reports harm of residency promises only; a soft_priority harm is
     -- decided from the timeline (the other evictable blocks), so no report is expected
-    WHERE c.outcome = 'harmed' AND c.reported_harm_seq IS NULL
+    WHERE c.outcome = {claim_outcome.harmed} AND c.reported_harm_seq IS NULL
       AND c.protection_mode IN (SELECT mode FROM kv_modes WHERE residency)
     UNION ALL
-    SELECT f.run_id, 'harm_reported_not_reconstructed', 'disagreement', f.reported_harm_seq,
+    SELECT f.run_id, 'harm_reported_not_reconstructed', {severity.disagreement}, f.reported_harm_seq,
            [f.reported_harm_seq], f.claim_id, f.claim_seq, NULL, NULL,
            format('the runtime reported claim_harmed for {} at seq {}, the trace shows no harm',
                   f.claim_id, f.reported_harm_seq)
     FROM claims f JOIN kv_runs r USING (run_id)
     WHERE f.reported_harm_seq IS NOT NULL AND f.first_harm_seq IS NULL
-      AND f.outcome <> 'unknown'
+      AND f.outcome <> {claim_outcome.unknown}
       AND f.reported_harm_seq < coalesce(r.unknown_from_seq, f.reported_harm_seq + 1)
     UNION ALL
-    SELECT run_id, 'harm_reported_before_loss', 'disagreement', reported_harm_seq,
+    SELECT run_id, 'harm_reported_before_loss', {severity.disagreement}, reported_harm_seq,
            [reported_harm_seq, first_harm_seq], claim_id, claim_seq, NULL, NULL,
            format('the runtime reported claim_harmed for {} at seq {}, before the loss that '
                   'harmed it (seq {})', claim_id, reported_harm_seq, first_harm_seq)
     FROM claims WHERE reported_harm_seq < first_harm_seq
     UNION ALL
-    SELECT e.run_id, 'materialized_reported_predicate_false', 'disagreement', e.seq,
+    SELECT e.run_id, 'materialized_reported_predicate_false', {severity.disagreement}, e.seq,
            [e.seq], e.claim_id, e.claim_seq, NULL, NULL,
            format('the runtime reported claim_materialized for {} at seq {}, but positions '
                   '0..{} are not all bound and resident there', e.claim_id, e.seq,
@@ -237,7 +237,7 @@ WITH f AS (
     FROM kv_claim_refs e
     JOIN kv_runs r ON r.run_id = e.run_id
     JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
-    WHERE e.event = 'claim_materialized'
+    WHERE e.event = {event.claim_materialized}
       AND e.seq < coalesce(r.unknown_from_seq, e.seq + 1)
       AND NOT EXISTS (SELECT 1 FROM kv_pred q
                       WHERE q.run_id = e.run_id AND q.claim_seq = e.claim_seq
@@ -245,18 +245,18 @@ WITH f AS (
     UNION ALL
     -- a claim_materialized report of a claim instance the trace does not show accepted before
     -- it: the predicate cannot hold for it (an unknown id included)
-    SELECT e.run_id, 'materialized_reported_not_accepted', 'disagreement', e.seq, [e.seq],
+    SELECT e.run_id, 'materialized_reported_not_accepted', {severity.disagreement}, e.seq, [e.seq],
            e.claim_id, e.claim_seq, NULL, NULL,
            format('the runtime reported claim_materialized for {} at seq {}, but the trace shows '
                   'no accepted instance of it there', e.claim_id, e.seq)
     FROM kv_claim_refs e
     JOIN kv_runs r ON r.run_id = e.run_id
     LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
-    WHERE e.event = 'claim_materialized'
+    WHERE e.event = {event.claim_materialized}
       AND e.seq < coalesce(r.unknown_from_seq, e.seq + 1)
       AND (f.claim_seq IS NULL OR f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
     UNION ALL
-    SELECT c.run_id, 'materialization_not_reported', 'disagreement', c.materialized_seq,
+    SELECT c.run_id, 'materialization_not_reported', {severity.disagreement}, c.materialized_seq,
            [c.materialized_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} materialized at seq {} (reconstructed) but the runtime, which '
                   'reports materialization in this run, did not report it', c.claim_id,
@@ -265,10 +265,10 @@ WITH f AS (
     WHERE c.materialized_seq IS NOT NULL AND c.reported_materialized_seq IS NULL
       AND c.materialized_seq < coalesce(r.unknown_from_seq, c.materialized_seq + 1)
       AND EXISTS (SELECT 1 FROM kv_claim_refs m
-                  WHERE m.run_id = c.run_id AND m.event = 'claim_materialized')
+                  WHERE m.run_id = c.run_id AND m.event = {event.claim_materialized})
     UNION ALL
     -- the runtime's own figures disagree with its own shortfall
-    SELECT e.run_id, 'shortfall_mismatch', 'disagreement', e.seq, [e.seq], NULL, NULL,
+    SELECT e.run_id, 'shortfall_mismatch', {severity.disagreement}, e.seq, [e.seq], NULL, NULL,
            e.request_id, NULL,
            format('request {} at seq {}: reported shortfall {} but protected {} + required {} '
                   '- usable {} = {}', e.request_id, e.seq, e.shortfall_blocks,
@@ -276,7 +276,7 @@ WITH f AS (
                   greatest(0, e.protected_blocks + e.blocks_required
                               - coalesce(e.usable_blocks, r.usable_blocks)))
     FROM kv_stage_events e JOIN kv_runs r ON r.run_id = e.run_id
-    WHERE e.event IN ('request_admitted', 'request_deferred', 'request_refused')
+    WHERE e.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
       AND e.shortfall_blocks IS NOT NULL AND e.protected_blocks IS NOT NULL
       AND e.blocks_required IS NOT NULL
       AND e.shortfall_blocks <> greatest(0, e.protected_blocks + e.blocks_required
@@ -289,7 +289,7 @@ WITH f AS (
     -- protected content off), shortfall, blocker list or verdict is the expected consequence
     -- of the policy: severity info, not disagreement.
     SELECT f.run_id, 'feasibility_disagreement',
-           CASE WHEN r.enforcing THEN 'disagreement' ELSE 'info' END, f.seq, [f.seq], NULL,
+           CASE WHEN r.enforcing THEN {severity.disagreement} ELSE {severity.info} END, f.seq, [f.seq], NULL,
            NULL, f.request_id, NULL,
            format('{} of request {} at seq {}: the trace shows protected {} + live {} + '
                   'required {} (feasible: {}), the runtime reported protected {} + required {} '
@@ -304,7 +304,7 @@ WITH f AS (
     WHERE f.agrees = false AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
     UNION ALL
     SELECT x.run_id, 'feasibility_figure_mismatch',
-           CASE WHEN x.enforcing THEN 'disagreement' ELSE 'info' END, x.seq, [x.seq], NULL, NULL, x.request_id, NULL,
+           CASE WHEN x.enforcing THEN {severity.disagreement} ELSE {severity.info} END, x.seq, [x.seq], NULL, NULL, x.request_id, NULL,
            format('{} of request {} at seq {}: {} rebuilt from the trace {}, the runtime '
                   'reported {}{}', x.event, x.request_id, x.seq, x.figure, x.rebuilt, x.reported,
                   CASE WHEN x.enforcing THEN ''
@@ -319,9 +319,9 @@ WITH f AS (
               ('required', f.required_blocks::VARCHAR, f.runtime_required_blocks::VARCHAR),
               ('shortfall', f.shortfall_blocks::VARCHAR, f.runtime_shortfall_blocks::VARCHAR),
               ('blocking claims',
-               CASE WHEN f.event IN ('request_deferred', 'request_refused')
+               CASE WHEN f.event IN ({event.request_deferred}, {event.request_refused})
                     THEN array_to_string(f.protected_claim_ids, ',') END,
-               CASE WHEN f.event IN ('request_deferred', 'request_refused')
+               CASE WHEN f.event IN ({event.request_deferred}, {event.request_refused})
                     THEN array_to_string(list_sort(list_distinct(
                              coalesce(f.blocking_claim_ids, []::VARCHAR[]))), ',') END)
           ) t(figure, rebuilt, reported)
@@ -329,7 +329,7 @@ WITH f AS (
             AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)) x
     UNION ALL
     -- what vLLM told the client it served from cache vs the prefix hit the trace shows
-    SELECT q.run_id, 'cached_tokens_mismatch', 'disagreement', q.finished_seq,
+    SELECT q.run_id, 'cached_tokens_mismatch', {severity.disagreement}, q.finished_seq,
            [q.finished_seq], q.claim_id, q.claim_seq, q.request_id, NULL,
            format('request {} finished at seq {}: vLLM reported {} cached tokens, the trace '
                   'shows a prefix hit of {} tokens', q.request_id, q.finished_seq,
@@ -342,30 +342,30 @@ WITH f AS (
 
     -- invariants -----------------------------------------------------------------------------
     UNION ALL
-    SELECT e.run_id, 'harm_without_acceptance', 'violation', e.seq,
+    SELECT e.run_id, 'harm_without_acceptance', {severity.violation}, e.seq,
            [v FOR v IN [e.seq, f.accepted_seq] IF v IS NOT NULL], e.claim_id, e.claim_seq,
            NULL, e.block_hash,
            format('claim_harmed for {} at seq {} but the claim was not accepted before it',
                   e.claim_id, e.seq)
     FROM kv_claim_refs e
     LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
-    WHERE e.event = 'claim_harmed' AND (f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
+    WHERE e.event = {event.claim_harmed} AND (f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
     UNION ALL
-    SELECT run_id, 'loss_before_release', 'violation', seq, [seq, release_seq], claim_id,
+    SELECT run_id, 'loss_before_release', {severity.violation}, seq, [seq, release_seq], claim_id,
            claim_seq, by_request_id, block_hash,
            format('claim {} lost block {} at seq {} (harm) before its {} at seq {}',
                   claim_id, block_id, seq, release_event, release_seq)
-    FROM loss_claims WHERE label = 'harm' AND release_seq IS NOT NULL AND seq < release_seq
+    FROM loss_claims WHERE label = {label.harm} AND release_seq IS NOT NULL AND seq < release_seq
     UNION ALL
-    SELECT run_id, 'label_without_prior_release', 'violation', seq, [seq, decided_by_seq],
+    SELECT run_id, 'label_without_prior_release', {severity.violation}, seq, [seq, decided_by_seq],
            claim_id, claim_seq, by_request_id, block_hash,
            format('loss at seq {} labelled {} without a release strictly before it',
                   seq, label)
     FROM loss_claims
-    WHERE label IN ('relaxation', 'expiry')
+    WHERE label IN ({label.relaxation}, {label.expiry})
       AND NOT (decided_by_seq IS NOT NULL AND decided_by_seq < seq)
     UNION ALL
-    SELECT l.run_id, 'protected_block_lost', 'violation', l.seq,
+    SELECT l.run_id, 'protected_block_lost', {severity.violation}, l.seq,
            [l.seq, l.accepted_seq], l.claim_id, l.claim_seq, l.by_request_id, l.block_hash,
            format('block {} (position {} of {} claim {}) was lost at seq {} while the claim '
                   'was in force under enforcing policy {}', l.block_id, l.position,
@@ -373,24 +373,24 @@ WITH f AS (
     FROM loss_claims l
     JOIN kv_runs r ON r.run_id = l.run_id
     JOIN kv_claim_facts f ON f.run_id = l.run_id AND f.claim_seq = l.claim_seq
-    WHERE f.pinned_mode AND l.label <> 'unknown'
+    WHERE f.pinned_mode AND l.label <> {label.unknown}
       AND l.accepted_seq < l.seq AND (l.release_seq IS NULL OR l.release_seq > l.seq)
       AND l.position < l.threshold_blocks
     UNION ALL
-    SELECT f.run_id, 'infeasible_admission', 'violation', f.seq, [f.seq], NULL, NULL,
+    SELECT f.run_id, 'infeasible_admission', {severity.violation}, f.seq, [f.seq], NULL, NULL,
            f.request_id, NULL,
            format('request {} admitted at seq {} with protected {} + required {} > usable {} '
                   '(rebuilt from the trace) under enforcing policy {}', f.request_id, f.seq,
                   f.protected_blocks, f.required_blocks, f.usable_blocks, r.policy)
     FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
-    WHERE f.event = 'request_admitted' AND r.enforcing AND NOT f.feasible
+    WHERE f.event = {event.request_admitted} AND r.enforcing AND NOT f.feasible
     UNION ALL
-    SELECT e.run_id, 'refusal_without_blocking_claim', 'violation', e.seq, [e.seq], NULL,
+    SELECT e.run_id, 'refusal_without_blocking_claim', {severity.violation}, e.seq, [e.seq], NULL,
            NULL, e.request_id, NULL,
            format('request {} refused at seq {} without naming a blocking claim',
                   e.request_id, e.seq)
     FROM kv_stage_events e
-    WHERE e.event = 'request_refused' AND coalesce(len(e.blocking_claim_ids), 0) = 0
+    WHERE e.event = {event.request_refused} AND coalesce(len(e.blocking_claim_ids), 0) = 0
     UNION ALL
     SELECT x.run_id,
            CASE WHEN f.claim_id IS NULL OR f.submitted_seq IS NULL
@@ -400,13 +400,13 @@ WITH f AS (
                 WHEN m.materialized_seq IS NULL OR m.materialized_seq > x.seq
                     THEN 'refusal_names_unmaterialized_claim'
                 ELSE 'refusal_names_unprotected_claim' END,
-           'violation', x.seq,
+           {severity.violation}, x.seq,
            [v FOR v IN [x.seq, f.accepted_seq, f.release_seq] IF v IS NOT NULL],
            x.claim_id, x.claim_seq, x.request_id, NULL,
            format('request {} refused at seq {} naming claim {}, which is not an in-force, '
                   'materialized, protected claim there', x.request_id, x.seq, x.claim_id)
     FROM (SELECT run_id, seq, request_id, claim_id, claim_seq
-          FROM kv_claim_refs WHERE event = 'request_refused') x
+          FROM kv_claim_refs WHERE event = {event.request_refused}) x
     LEFT JOIN kv_claim_facts f ON f.run_id = x.run_id AND f.claim_seq = x.claim_seq
     LEFT JOIN kv_materialized m ON m.run_id = x.run_id AND m.claim_seq = x.claim_seq
     WHERE f.claim_id IS NULL OR f.submitted_seq IS NULL
@@ -417,16 +417,16 @@ WITH f AS (
     UNION ALL
     -- a refusal or deferral is justified only when the rebuilt figures are infeasible and it
     -- names the claims whose blocks were needed (issue 24 item 3) -- self-contained block
-    SELECT f.run_id, 'unjustified_' || f.decision, 'violation', f.seq, [f.seq], NULL, NULL,
+    SELECT f.run_id, 'unjustified_' || f.decision, {severity.violation}, f.seq, [f.seq], NULL, NULL,
            f.request_id, NULL,
            format('request {} {} at seq {} although it fit: protected {} + live {} + required '
                   '{} <= usable {} (rebuilt from the trace)', f.request_id, f.decision, f.seq,
                   f.protected_blocks, f.live_blocks, f.required_blocks, f.usable_blocks)
     FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
-    WHERE f.event IN ('request_deferred', 'request_refused') AND f.feasible
+    WHERE f.event IN ({event.request_deferred}, {event.request_refused}) AND f.feasible
       AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
     UNION ALL
-    SELECT x.run_id, 'refusal_names_claim_holding_no_blocks', 'violation', x.seq, [x.seq],
+    SELECT x.run_id, 'refusal_names_claim_holding_no_blocks', {severity.violation}, x.seq, [x.seq],
            x.claim_id, x.claim_seq, x.request_id, NULL,
            format('request {} {} at seq {} naming claim {}, which held no protected block '
                   'there (rebuilt from the trace)', x.request_id,
@@ -437,7 +437,7 @@ WITH f AS (
     -- NOTE: only an in-force claim of a pinning mode: the refusal_names_* kinds above say
     -- what else is wrong with a named claim
     JOIN kv_claim_facts c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
-    WHERE x.event IN ('request_deferred', 'request_refused')
+    WHERE x.event IN ({event.request_deferred}, {event.request_refused})
       AND c.pinned_mode AND c.accepted_seq < x.seq AND coalesce(c.release_seq, x.seq + 1) > x.seq
       AND NOT list_contains(coalesce(f.protected_claim_seqs, []::BIGINT[]), x.claim_seq)
       AND f.protected_claim_seqs IS NOT NULL
@@ -445,7 +445,7 @@ WITH f AS (
 
     UNION ALL
     -- the manifest's lowering claim vs the class the evidence supports -- self-contained block
-    SELECT l.run_id, 'lowering_value_unknown', 'disagreement', NULL::BIGINT, []::BIGINT[],
+    SELECT l.run_id, 'lowering_value_unknown', {severity.disagreement}, NULL::BIGINT, []::BIGINT[],
            NULL, NULL, NULL, NULL,
            format('the manifest declares a lowering for mode {} that is not a lowering class '
                   '(one of: {}); the evidence gives {}', l.mode,
@@ -454,7 +454,7 @@ WITH f AS (
     FROM lowering l WHERE l.declared_in_vocabulary = false
     UNION ALL
     SELECT l.run_id, 'lowering_claim_unsupported',
-           CASE WHEN l.verdict = 'unknown evidence' THEN 'info' ELSE 'disagreement' END,
+           CASE WHEN l.verdict = 'unknown evidence' THEN {severity.info} ELSE {severity.disagreement} END,
            l.broken_seq, [v FOR v IN [l.broken_seq] IF v IS NOT NULL], NULL, NULL, NULL, NULL,
            format('the manifest declares {} for mode {}; the run''s evidence gives {}: {}',
                   l.declared, l.mode, l.verdict, l.evidence)
@@ -465,7 +465,7 @@ WITH f AS (
     UNION ALL
     -- chunking does not bound live KV: the runtime judged a chunked request's admission on
     -- fewer blocks than its full prompt less hits -- self-contained block
-    SELECT f.run_id, 'chunk_counted_as_need', 'disagreement', f.seq, [f.seq], NULL, NULL,
+    SELECT f.run_id, 'chunk_counted_as_need', {severity.disagreement}, f.seq, [f.seq], NULL, NULL,
            f.request_id, NULL,
            format('request {} admitted at seq {} and allocated over {} scheduler steps: the '
                   'runtime counted {} block(s), its full prompt less hits is {}', f.request_id,
@@ -476,14 +476,14 @@ WITH f AS (
           GROUP BY run_id, request_id HAVING count(DISTINCT step) > 1) ch
       ON ch.run_id = f.run_id AND ch.request_id = f.request_id
     JOIN kv_runs r ON r.run_id = f.run_id
-    WHERE f.event = 'request_admitted' AND f.runtime_required_blocks < f.required_blocks
+    WHERE f.event = {event.request_admitted} AND f.runtime_required_blocks < f.required_blocks
       AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
 
     -- security ------------------------------------------------------------------------------
     UNION ALL
     -- a release asked for by someone who does not own the claim, refused by the arbiter:
     -- shown because it is an attempt to strip another tenant's protection (issue 8 item 8)
-    SELECT x.run_id, 'claim_release_refused', 'security', x.seq, [x.seq], x.claim_id,
+    SELECT x.run_id, {event.claim_release_refused}, {severity.security}, x.seq, [x.seq], x.claim_id,
            x.claim_seq, x.request_id, NULL,
            format('a release of claim {} (tenant {}) was refused at seq {}: asked by {} '
                   '(request {}){}', x.claim_id, coalesce(f.tenant, '?'), x.seq,
@@ -492,25 +492,25 @@ WITH f AS (
                   CASE WHEN x.reason IS NULL THEN '' ELSE ': ' || x.reason END)
     FROM kv_claim_refs x
     LEFT JOIN kv_claim_facts f ON f.run_id = x.run_id AND f.claim_seq = x.claim_seq
-    WHERE x.event = 'claim_release_refused'
+    WHERE x.event = {event.claim_release_refused}
 
     -- anomalies ------------------------------------------------------------------------------
     UNION ALL
-    SELECT l.run_id, 'evicted_unknown_content', 'anomaly', l.seq, [l.seq], NULL, NULL,
+    SELECT l.run_id, 'evicted_unknown_content', {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, NULL,
            format('block {} evicted at seq {} without a hash and without a prior block_cached: '
                   'its label is unknown', l.block_id, l.seq)
     FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE l.block_hash IS NULL AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
-    SELECT l.run_id, 'evicted_block_not_resident', 'anomaly', l.seq, [l.seq], NULL, NULL,
+    SELECT l.run_id, 'evicted_block_not_resident', {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.block_hash,
            format('block {} evicted at seq {} but it held no cached content', l.block_id, l.seq)
     FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE NOT l.was_resident AND l.block_hash IS NOT NULL
       AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
-    SELECT l.run_id, 'evicted_hash_mismatch', 'anomaly', l.seq, [l.seq], NULL, NULL,
+    SELECT l.run_id, 'evicted_hash_mismatch', {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.reported_hash,
            format('block {} evicted at seq {} with hash {} but it held {}', l.block_id, l.seq,
                   l.reported_hash, l.held_hash)
@@ -518,21 +518,21 @@ WITH f AS (
     WHERE l.reported_hash IS NOT NULL AND l.held_hash IS NOT NULL
       AND l.reported_hash <> l.held_hash
     UNION ALL
-    SELECT c.run_id, 'block_overwritten', 'anomaly', c.end_seq, [c.start_seq, c.end_seq],
+    SELECT c.run_id, 'block_overwritten', {severity.anomaly}, c.end_seq, [c.start_seq, c.end_seq],
            NULL, NULL, NULL, c.block_hash,
            format('block {} cached new content at seq {} without evicting what it held since '
                   'seq {}', c.block_id, c.end_seq, c.start_seq)
     FROM kv_copies c WHERE c.end_kind = 'overwritten'
     UNION ALL
-    SELECT run_id, 'claim_never_submitted', 'anomaly',
+    SELECT run_id, 'claim_never_submitted', {severity.anomaly},
            coalesce(accepted_seq, rejected_seq, release_seq, reported_harm_seq),
            [v FOR v IN [accepted_seq, rejected_seq, release_seq] IF v IS NOT NULL],
            claim_id, claim_seq, NULL, NULL,
            format('claim {} appears in claim events but was never submitted: its state is '
-                  'unknown', claim_id)
+                  {claim_outcome.unknown}, claim_id)
     FROM kv_claim_facts WHERE submitted_seq IS NULL
     UNION ALL
-    SELECT f.run_id, 'claim_never_decided', 'anomaly', f.submitted_seq, [f.submitted_seq],
+    SELECT f.run_id, 'claim_never_decided', {severity.anomaly}, f.submitted_seq, [f.submitted_seq],
            f.claim_id, f.claim_seq, f.request_id, NULL,
            format('claim {} was submitted at seq {} but never accepted or rejected',
                   f.claim_id, f.submitted_seq)
@@ -545,7 +545,7 @@ WITH f AS (
     -- findings' inputs) and kv_hit_contradictions only
     UNION ALL
     -- an end of force the contract does not allow: the instance stays in force
-    SELECT x.run_id, x.broken_rule, 'violation', x.seq, [x.seq], x.claim_id, x.claim_seq,
+    SELECT x.run_id, x.broken_rule, {severity.violation}, x.seq, [x.seq], x.claim_id, x.claim_seq,
            x.by_request_id, NULL,
            format('{} of claim {} at seq {} does not end its force: {}; the claim stays in '
                   'force (later losses are judged as if it had not happened)', x.event,
@@ -571,21 +571,21 @@ WITH f AS (
     WHERE NOT x.legit
     UNION ALL
     -- the source format never carries what the rule reads: the runtime's word is kept
-    SELECT x.run_id, 'lifecycle_unverified', 'anomaly', x.seq, [x.seq], x.claim_id,
+    SELECT x.run_id, 'lifecycle_unverified', {severity.anomaly}, x.seq, [x.seq], x.claim_id,
            x.claim_seq, x.by_request_id, NULL,
            format('{} of claim {} at seq {} is the runtime''s word: the {} format records no '
                   '{}, so whether the contract allowed it cannot be checked', x.event,
                   x.claim_id, x.seq,
                   CASE x.lifecycle_source WHEN 'prototype' THEN 'paper prototype'
                        ELSE 'schema-1' END,
-                  CASE x.event WHEN 'claim_expired' THEN 'ttl_s'
-                       WHEN 'claim_demoted' THEN 'claim lifecycle mode'
+                  CASE x.event WHEN {event.claim_expired} THEN 'ttl_s'
+                       WHEN {event.claim_demoted} THEN 'claim lifecycle mode'
                        ELSE 'released_by' END)
     FROM kv_lifecycle_ends x
     WHERE NOT x.verified AND x.broken_rule IS NOT NULL
     UNION ALL
     -- a demotion must make room for a named request that could not be admitted without it
-    SELECT d.run_id, 'demotion_unjustified', 'violation', d.seq,
+    SELECT d.run_id, 'demotion_unjustified', {severity.violation}, d.seq,
            [v FOR v IN [d.seq, d.decision_seq] IF v IS NOT NULL], d.claim_id, d.claim_seq,
            d.by_request_id, NULL,
            CASE WHEN d.by_request_id IS NULL
@@ -605,7 +605,7 @@ WITH f AS (
     WHERE NOT d.justified
     UNION ALL
     -- evidence comes from the timeline: a hit on a block that does not hold that content
-    SELECT h.run_id, 'hit_not_resident', 'disagreement', h.seq, [h.seq], NULL, NULL,
+    SELECT h.run_id, 'hit_not_resident', {severity.disagreement}, h.seq, [h.seq], NULL, NULL,
            h.request_id, h.block_hash,
            format('block_hit at seq {} on block {} with hash {}, but the block held {} there: '
                   'not counted as presence (it repairs no loss)', h.seq, h.block_id,
@@ -618,7 +618,7 @@ SELECT f.run_id, f.kind, f.severity, f.seq, f.seqs, f.claim_id, f.claim_seq, f.r
        f.block_hash,
        -- NOTE: fail-open: a violation or disagreement after a hook failure names it, so the
        -- policy is not blamed for what a failed hook may have let through
-       CASE WHEN f.severity IN ('violation', 'disagreement') AND f.seq >= r.hook_failed_seq
+       CASE WHEN f.severity IN ({severity.violation}, {severity.disagreement}) AND f.seq >= r.hook_failed_seq
             THEN f.detail || format(' (after hook {} failed at seq {}: enforcement unknown)',
                                     coalesce(r.hook_failed_hook, '?'), r.hook_failed_seq)
             ELSE f.detail END AS detail

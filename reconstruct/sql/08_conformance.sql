@@ -33,7 +33,7 @@ CREATE OR REPLACE TABLE conformance AS
 WITH fk AS (
     -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
     -- no claim) fails no check
-    SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> 'info'
+    SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> {severity.info}
 ), fails AS (
     -- the finding kinds that fail each check
     SELECT * FROM (VALUES
@@ -87,7 +87,7 @@ WITH fk AS (
     SELECT * FROM kv_claim_facts
 ), covered AS (
     -- each loss with a claim accepted before it (harm: with such a claim labelling it harm)
-    SELECT run_id, seq, block_id, bool_or(label = 'harm') AS harm
+    SELECT run_id, seq, block_id, bool_or(label = {label.harm}) AS harm
     FROM loss_claims
     WHERE accepted_seq < seq
     GROUP BY run_id, seq, block_id
@@ -96,10 +96,10 @@ WITH fk AS (
     -- labelled harm that no claim accepted before them labels harm
     -- NOTE: one equality join of the losses with `covered`, not a NOT EXISTS per loss
     SELECT l.run_id, l.seq, x.seq IS NULL AS uncovered,
-           l.label = 'harm' AND NOT coalesce(x.harm, false) AS uncovered_harm
+           l.label = {label.harm} AND NOT coalesce(x.harm, false) AS uncovered_harm
     FROM losses l
     LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
-    WHERE x.seq IS NULL OR (l.label = 'harm' AND NOT coalesce(x.harm, false))
+    WHERE x.seq IS NULL OR (l.label = {label.harm} AND NOT coalesce(x.harm, false))
 ), first_uncovered AS (
     -- the 10 smallest seqs of each run's uncovered losses, ascending
     -- NOTE: row_number() filtered in WHERE: DuckDB runs it as a top-N, Spark can run it too
@@ -121,13 +121,13 @@ WITH fk AS (
     -- the block_cached events of reuse-denied requests (the only block events this stage scans)
     SELECT e.run_id, e.request_id, e.seq
     FROM events e
-    WHERE e.event = 'block_cached'
+    WHERE e.event = {event.block_cached}
       AND e.request_id IN (SELECT request_id FROM requests WHERE reuse_denied)
 ), denied AS (
     -- L2: each reuse-denied request, whether it was served, and the residents lost while it ran
     SELECT q.run_id, q.request_id, q.reuse_denied_seq, q.finished_seq, q.refused_seq,
-           q.outcome IN ('served', 'deferred_then_served') AS served,
-           q.outcome NOT IN ('served', 'deferred_then_served', 'unknown') AS not_served,
+           q.outcome IN ({request_outcome.served}, {request_outcome.deferred_then_served}) AS served,
+           q.outcome NOT IN ({request_outcome.served}, {request_outcome.deferred_then_served}, {request_outcome.unknown}) AS not_served,
            (SELECT list(e.seq ORDER BY e.seq) FROM denied_cached e
             WHERE e.run_id = q.run_id
               AND e.request_id = q.request_id AND e.seq > q.reuse_denied_seq) AS cached_after,
@@ -146,26 +146,26 @@ WITH fk AS (
     SELECT x.run_id, x.seq, x.event, c.claim_seq
     FROM kv_claim_refs x JOIN c ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
     JOIN feasibility fx ON fx.run_id = x.run_id AND fx.seq = x.seq
-    WHERE x.event IN ('request_deferred', 'request_refused') AND NOT fx.feasible
-      AND c.protection_mode = 'hard_protected' AND c.accepted_seq < x.seq
+    WHERE x.event IN ({event.request_deferred}, {event.request_refused}) AND NOT fx.feasible
+      AND c.protection_mode = {mode.hard_protected} AND c.accepted_seq < x.seq
     UNION
     SELECT f.run_id, f.seq, f.event, c.claim_seq
     FROM feasibility f
     JOIN c ON c.run_id = f.run_id AND list_contains(f.protected_claim_seqs, c.claim_seq)
-    WHERE NOT f.feasible AND c.protection_mode = 'hard_protected'
+    WHERE NOT f.feasible AND c.protection_mode = {mode.hard_protected}
 ), released_losses AS (
     -- L4 / L5: per demoted (expired) instance, its losses after the release; from loss_claims
     -- alone (it carries release_seq/release_event), joined to the instances below
     SELECT run_id, claim_seq,
            count(*) FILTER (WHERE seq > release_seq) AS n_later,
            min(seq) FILTER (WHERE seq > release_seq) AS first_later_seq,
-           count(*) FILTER (WHERE seq > release_seq AND label = 'relaxation') AS n_relaxation,
-           count(*) FILTER (WHERE seq > release_seq AND label = 'expiry') AS n_expiry,
+           count(*) FILTER (WHERE seq > release_seq AND label = {label.relaxation}) AS n_relaxation,
+           count(*) FILTER (WHERE seq > release_seq AND label = {label.expiry}) AS n_expiry,
            count(*) FILTER (WHERE seq > release_seq
-                              AND label NOT IN ('relaxation', 'expiry')) AS n_other,
-           list(seq ORDER BY seq) FILTER (WHERE label = 'harm') AS harm_seqs
+                              AND label NOT IN ({label.relaxation}, {label.expiry})) AS n_other,
+           list(seq ORDER BY seq) FILTER (WHERE label = {label.harm}) AS harm_seqs
     FROM loss_claims
-    WHERE release_event IN ('claim_demoted', 'claim_expired')
+    WHERE release_event IN ({event.claim_demoted}, {event.claim_expired})
     GROUP BY run_id, claim_seq
 ), released AS (
     -- n_later: how many losses followed the release (0: none)
@@ -176,43 +176,43 @@ WITH fk AS (
            x.harm_seqs
     FROM c
     LEFT JOIN released_losses x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
-    WHERE c.release_event IN ('claim_demoted', 'claim_expired')
+    WHERE c.release_event IN ({event.claim_demoted}, {event.claim_expired})
 ), lit_soft AS (
     -- LIT_soft_order: each loss of a soft_priority instance's leading block while in force;
     -- labelled harm exactly when a lower-priority evictable block existed (docs/design.md §3)
     SELECT l.run_id, l.seq, l.claim_seq, l.label
     FROM loss_claims l
-    WHERE l.protection_mode = 'soft_priority' AND l.accepted_seq < l.seq
+    WHERE l.protection_mode = {mode.soft_priority} AND l.accepted_seq < l.seq
       AND (l.release_seq IS NULL OR l.release_seq > l.seq) AND l.position < l.threshold_blocks
-      AND l.label <> 'unknown'
+      AND l.label <> {label.unknown}
 ), lit_value AS (
     -- LIT_thresholded_value: a loss that broke the predicate of a materialized instance in
     -- force (value lost: the claim is harmed and loses all its value, though other blocks may
     -- survive), or one beyond the threshold that left it intact (no value lost by it)
     -- NOTE: a loss whose prefix came back before its step ended is eviction, not a break
-    SELECT l.run_id, l.seq, l.claim_seq, l.label = 'harm' AS broke,
-           coalesce(CASE WHEN l.label = 'harm'
-                         THEN x.outcome = 'harmed' AND x.value_lost = x.value
+    SELECT l.run_id, l.seq, l.claim_seq, l.label = {label.harm} AS broke,
+           coalesce(CASE WHEN l.label = {label.harm}
+                         THEN x.outcome = {claim_outcome.harmed} AND x.value_lost = x.value
                               AND x.first_harm_seq <= l.seq
-                         ELSE NOT (x.outcome = 'harmed' AND x.first_harm_seq = l.seq) END,
+                         ELSE NOT (x.outcome = {claim_outcome.harmed} AND x.first_harm_seq = l.seq) END,
                     false) AS ok
     FROM loss_claims l
     JOIN claims x ON x.run_id = l.run_id AND x.claim_seq = l.claim_seq
     WHERE l.materialized_seq < l.seq AND l.accepted_seq < l.seq
       AND (l.release_seq IS NULL OR l.release_seq > l.seq)
       AND x.protection_mode IN (SELECT mode FROM kv_modes WHERE residency)
-      AND ((l.label = 'harm' AND l.breaks_predicate AND x.positions_bound > 1)
-           OR (l.label = 'eviction' AND NOT l.breaks_predicate
+      AND ((l.label = {label.harm} AND l.breaks_predicate AND x.positions_bound > 1)
+           OR (l.label = {label.eviction} AND NOT l.breaks_predicate
                AND l.position >= l.threshold_blocks))
 ), lit_unmat AS (
     -- LIT_materialization_failure: accepted instances whose predicate never held in force
     SELECT x.run_id, x.claim_seq, x.accepted_seq,
            [v FOR v IN [x.first_harm_seq, x.reported_materialized_seq] IF v IS NOT NULL]
-           || CASE WHEN x.outcome = 'preserved' THEN [x.accepted_seq] ELSE []::BIGINT[] END
+           || CASE WHEN x.outcome = {claim_outcome.preserved} THEN [x.accepted_seq] ELSE []::BIGINT[] END
                AS bad_seqs
     FROM claims x
     WHERE x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL
-      AND x.outcome <> 'unknown'
+      AND x.outcome <> {claim_outcome.unknown}
 ), cached AS (
     -- L7: requests whose num_cached_tokens can be compared with the trace
     SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
@@ -251,14 +251,14 @@ WITH fk AS (
            ch.n_steps
     FROM feasibility f
     JOIN chunked ch ON ch.run_id = f.run_id AND ch.request_id = f.request_id
-    WHERE f.event = 'request_admitted'
+    WHERE f.event = {event.request_admitted}
 ), unrebuilt AS (
     -- deferrals and refusals whose feasibility the trace cannot rebuild (no prompt size, no
     -- allocation: the need is unknown); the checks that judge them are unknown, never a
     -- verdict taken from the runtime's figures -- self-contained block
     SELECT run_id, list(seq ORDER BY seq) AS seqs
     FROM feasibility
-    WHERE event IN ('request_deferred', 'request_refused') AND feasible IS NULL
+    WHERE event IN ({event.request_deferred}, {event.request_refused}) AND feasible IS NULL
     GROUP BY run_id
 ), last_enforcement AS (
     -- the last event of each run that bears on enforcement: after a hook failure, a check
@@ -266,10 +266,10 @@ WITH fk AS (
     -- the seqs of `losses`, whose other rows are cache_reset seqs)
     SELECT run_id, max(seq) AS seq
     FROM (SELECT run_id, seq FROM kv_stage_events
-          WHERE event IN ('cache_reset', 'request_admitted', 'request_deferred',
-                          'request_refused', 'request_preempted', 'reuse_denied',
-                          'claim_accepted', 'claim_rejected', 'claim_demoted', 'claim_expired',
-                          'claim_released', 'claim_harmed', 'claim_materialized')
+          WHERE event IN ({event.cache_reset}, {event.request_admitted}, {event.request_deferred},
+                          {event.request_refused}, {event.request_preempted}, {event.reuse_denied},
+                          {event.claim_accepted}, {event.claim_rejected}, {event.claim_demoted}, {event.claim_expired},
+                          {event.claim_released}, {event.claim_harmed}, {event.claim_materialized})
           UNION ALL
           SELECT run_id, max(seq) FROM losses GROUP BY run_id)
     GROUP BY run_id
@@ -280,7 +280,7 @@ WITH fk AS (
     SELECT r.run_id, 'L1' AS check_name,
            u.n IS NOT NULL
            OR EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                      AND e.event = 'claim_harmed') AS exercised,
+                      AND e.event = {event.claim_harmed}) AS exercised,
            u.harm_seqs AS fail_seqs,
            -- the 10 smallest seqs, ascending
            u.first_seqs AS pass_seqs,
@@ -314,27 +314,27 @@ WITH fk AS (
            r.enforcing AND EXISTS (SELECT 1 FROM hard_conflicts h WHERE h.run_id = r.run_id),
            CASE WHEN r.enforcing THEN nullif(
                coalesce((SELECT list(x.first_harm_seq) FROM claims x WHERE x.run_id = r.run_id
-                           AND x.protection_mode = 'hard_protected' AND x.outcome = 'harmed'),
+                           AND x.protection_mode = {mode.hard_protected} AND x.outcome = {claim_outcome.harmed}),
                         []::BIGINT[])
                || coalesce((SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
                             WHERE f.run_id = r.run_id AND NOT f.feasible
-                              AND f.event IN ('request_deferred', 'request_refused')
+                              AND f.event IN ({event.request_deferred}, {event.request_refused})
                               AND NOT EXISTS (
                                   SELECT 1 FROM kv_claim_refs x JOIN c
                                     ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
                                   WHERE x.run_id = f.run_id AND x.seq = f.seq
-                                    AND c.protection_mode = 'hard_protected')),
+                                    AND c.protection_mode = {mode.hard_protected})),
                            []::BIGINT[]), []::BIGINT[]) END,
            (SELECT list(DISTINCT h.seq ORDER BY h.seq) FROM hard_conflicts h
             WHERE h.run_id = r.run_id),
            (SELECT format('{} infeasible decision(s) facing a hard claim: {} refusal(s), '
                           '{} deferral(s) naming it; {} hard-claim block(s) lost',
                           count(DISTINCT h.seq),
-                          count(DISTINCT h.seq) FILTER (WHERE h.event = 'request_refused'),
-                          count(DISTINCT h.seq) FILTER (WHERE h.event = 'request_deferred'),
+                          count(DISTINCT h.seq) FILTER (WHERE h.event = {event.request_refused}),
+                          count(DISTINCT h.seq) FILTER (WHERE h.event = {event.request_deferred}),
                           (SELECT coalesce(sum(x.blocks_lost_harm + x.blocks_lost_eviction), 0)
                            FROM claims x WHERE x.run_id = r.run_id
-                             AND x.protection_mode = 'hard_protected'))
+                             AND x.protection_mode = {mode.hard_protected}))
             FROM hard_conflicts h WHERE h.run_id = r.run_id),
            (SELECT list(DISTINCT h.claim_seq) FROM hard_conflicts h WHERE h.run_id = r.run_id)
     FROM kv_runs r
@@ -344,7 +344,7 @@ WITH fk AS (
            EXISTS (SELECT 1 FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
                      AND x.n_later > 0),
            nullif(coalesce((SELECT flatten(list(coalesce(x.harm_seqs, []::BIGINT[])
-                                               || CASE WHEN t.ev = 'claim_expired'
+                                               || CASE WHEN t.ev = {event.claim_expired}
                                                         AND x.ttl_s IS NOT NULL
                                                         AND x.expired_ts_ns < x.accepted_ts_ns
                                                             + CAST(x.ttl_s * 1e9 AS BIGINT)
@@ -360,20 +360,20 @@ WITH fk AS (
            (SELECT format('{} {} claim instance(s) later lost {} block(s): {} labelled {}, {} '
                           'otherwise, none harm', count(*), t.ev,
                           sum(x.n_later),
-                          sum(CASE WHEN t.ev = 'claim_expired' THEN x.n_expiry
+                          sum(CASE WHEN t.ev = {event.claim_expired} THEN x.n_expiry
                                    ELSE x.n_relaxation END), t.label, sum(x.n_other))
             FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
               AND x.n_later > 0),
            (SELECT list(x.claim_seq ORDER BY x.claim_seq) FROM released x
             WHERE x.run_id = r.run_id AND x.release_event = t.ev AND x.n_later > 0)
     FROM kv_runs r,
-         (VALUES ('L4', 'claim_demoted', 'relaxation'),
-                 ('L5', 'claim_expired', 'expiry')) t(check_name, ev, label)
+         (VALUES ('L4', {event.claim_demoted}, {label.relaxation}),
+                 ('L5', {event.claim_expired}, {label.expiry})) t(check_name, ev, label)
     UNION ALL
     -- L6: surviving block count is not the predicate ----------------------------------------
     SELECT r.run_id, 'L6',
            EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                     AND e.event = 'claim_materialized')
+                     AND e.event = {event.claim_materialized})
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
                         AND x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL),
            (SELECT nullif(list(x.reported_harm_seq), []::BIGINT[]) FROM claims x
@@ -393,9 +393,9 @@ WITH fk AS (
     -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
     SELECT r.run_id, 'L7',
            EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
-                     AND e.event IN ('claim_harmed', 'claim_materialized', 'request_refused'))
+                     AND e.event IN ({event.claim_harmed}, {event.claim_materialized}, {event.request_refused}))
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                        AND x.outcome = 'harmed')
+                        AND x.outcome = {claim_outcome.harmed})
            OR ch.n IS NOT NULL,
            NULL,
            coalesce((SELECT flatten(list([v FOR v IN [x.first_harm_seq, x.reported_harm_seq,
@@ -409,21 +409,21 @@ WITH fk AS (
                   'the prefix hit in the trace', coalesce(ch.n, 0)),
            (SELECT list(x.claim_seq) FROM claims x WHERE x.run_id = r.run_id
               AND (x.reported_harm_seq IS NOT NULL OR x.reported_materialized_seq IS NOT NULL
-                   OR x.outcome = 'harmed'))
+                   OR x.outcome = {claim_outcome.harmed}))
     FROM kv_runs r LEFT JOIN cached ch ON ch.run_id = r.run_id
     UNION ALL
     -- invariants ------------------------------------------------------------------------------
     SELECT r.run_id, 'INV_no_harm_without_acceptance',
            EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                     AND e.event = 'claim_harmed')
+                     AND e.event = {event.claim_harmed})
            OR EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
-                        AND x.label = 'harm'),
+                        AND x.label = {label.harm}),
            NULL,
            (SELECT list(x.seq ORDER BY x.seq) FROM kv_claim_refs x
-            WHERE x.run_id = r.run_id AND x.event = 'claim_harmed'),
+            WHERE x.run_id = r.run_id AND x.event = {event.claim_harmed}),
            'every harm (reported or reconstructed) follows its claim''s acceptance',
            (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
-            WHERE x.run_id = r.run_id AND x.event = 'claim_harmed')
+            WHERE x.run_id = r.run_id AND x.event = {event.claim_harmed})
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_release_precedes_loss',
@@ -440,13 +440,13 @@ WITH fk AS (
     UNION ALL
     SELECT r.run_id, 'INV_refusal_names_protected_claim',
            EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
-                     AND e.event = 'request_refused'),
+                     AND e.event = {event.request_refused}),
            NULL,
            (SELECT list(e.seq ORDER BY e.seq) FROM kv_stage_events e
-            WHERE e.run_id = r.run_id AND e.event = 'request_refused'),
+            WHERE e.run_id = r.run_id AND e.event = {event.request_refused}),
            'every refusal names in-force, materialized, protected claims',
            (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
-            WHERE x.run_id = r.run_id AND x.event = 'request_refused')
+            WHERE x.run_id = r.run_id AND x.event = {event.request_refused})
     FROM kv_runs r
     UNION ALL
     SELECT r.run_id, 'INV_no_protected_loss',
@@ -462,11 +462,11 @@ WITH fk AS (
     UNION ALL
     SELECT r.run_id, 'INV_feasible_admission',
            r.enforcing AND EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                                     AND f.event = 'request_admitted'
+                                     AND f.event = {event.request_admitted}
                                      AND f.protected_blocks > 0),
            NULL,
            (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
-            WHERE f.run_id = r.run_id AND f.event = 'request_admitted'
+            WHERE f.run_id = r.run_id AND f.event = {event.request_admitted}
               AND f.protected_blocks > 0),
            'protected + active live <= usable (rebuilt from the trace) at every admission '
            'under an enforcing policy while claims protected blocks',
@@ -477,17 +477,17 @@ WITH fk AS (
     SELECT r.run_id, 'L_feasibility',
            r.enforcing AND EXISTS (
                SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                 AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+                 AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
                  AND f.protected_blocks > 0 AND f.live_blocks > 0),
            NULL,
            (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f WHERE f.run_id = r.run_id
-              AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+              AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
               AND f.protected_blocks > 0 AND f.live_blocks > 0),
            (SELECT format('{} decision(s) with protected and live KV: every one judged on '
                           'protected + active live <= usable, rebuilt, and the runtime''s '
                           'figures agree', count(*))
             FROM feasibility f WHERE f.run_id = r.run_id
-              AND f.event IN ('request_admitted', 'request_deferred', 'request_refused')
+              AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
               AND f.protected_blocks > 0 AND f.live_blocks > 0),
            (SELECT list(DISTINCT u.cs) FROM feasibility f, unnest(f.protected_claim_seqs) u(cs)
             WHERE f.run_id = r.run_id AND f.protected_blocks > 0 AND f.live_blocks > 0)
@@ -517,24 +517,24 @@ WITH fk AS (
     SELECT r.run_id, 'INV_release_by_owner',
            -- NOTE: a release the format cannot verify (no released_by) does not exercise it
            EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
-                     AND x.event = 'claim_released' AND x.verified),
+                     AND x.event = {event.claim_released} AND x.verified),
            NULL,
            (SELECT list(x.seq ORDER BY x.seq) FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
+            WHERE x.run_id = r.run_id AND x.event = {event.claim_released}),
            (SELECT format('{} release(s): by the claim''s own tenant or the operator ({} '
                           'unverified: the format records no released_by)', count(*),
                           count(*) FILTER (WHERE NOT x.verified))
             FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = 'claim_released'),
+            WHERE x.run_id = r.run_id AND x.event = {event.claim_released}),
            (SELECT list(DISTINCT x.claim_seq) FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = 'claim_released')
+            WHERE x.run_id = r.run_id AND x.event = {event.claim_released})
     FROM kv_runs r
     -- litmus: soft order, thresholded value, materialization failure (self-contained) -------
     UNION ALL
     SELECT r.run_id, 'LIT_soft_order',
            r.enforcing AND EXISTS (SELECT 1 FROM lit_soft x WHERE x.run_id = r.run_id),
            CASE WHEN r.enforcing THEN (SELECT nullif(list(x.seq ORDER BY x.seq)
-                                                     FILTER (WHERE x.label = 'harm'),
+                                                     FILTER (WHERE x.label = {label.harm}),
                                                      []::BIGINT[])
                                        FROM lit_soft x WHERE x.run_id = r.run_id) END,
            (SELECT list(x.seq ORDER BY x.seq) FROM lit_soft x WHERE x.run_id = r.run_id),
@@ -603,17 +603,17 @@ WITH fk AS (
                WHEN j.failing AND (j.hook_failed_seq IS NULL
                                    OR list_min(j.all_fail_seqs) < j.hook_failed_seq
                                    -- a failing condition without a seq is not after the hook
-                                   OR len(j.all_fail_seqs) = 0) THEN 'fail'
+                                   OR len(j.all_fail_seqs) = 0) THEN {verdict.fail}
                WHEN j.failing THEN 'fail_after_hook'
-               WHEN j.has_hole THEN 'hole'
+               WHEN j.has_hole THEN {severity.hole}
                WHEN j.judges_enforcement AND j.exercised AND j.hook_failed_seq IS NOT NULL
                     AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
                          OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
                WHEN j.check_name IN ('L3', 'INV_refusal_names_protected_claim', 'L_feasibility')
                     AND ub.seqs IS NOT NULL THEN 'unrebuilt'
-               WHEN NOT j.exercised THEN 'not_exercised'
-               ELSE 'pass'
+               WHEN NOT j.exercised THEN {verdict.not_exercised}
+               ELSE {verdict.pass}
            END AS why
     FROM judged j
     LEFT JOIN unrebuilt ub ON ub.run_id = j.run_id
@@ -621,8 +621,8 @@ WITH fk AS (
     -- the claim instances each verdict's evidence is about, one row each
     -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
     SELECT DISTINCT run_id, check_name,
-           unnest(CASE WHEN why IN ('fail', 'fail_after_hook') THEN fail_claim_seqs
-                       WHEN why IN ('pass', 'hole', 'after_hook') THEN pass_claim_seqs
+           unnest(CASE WHEN why IN ({verdict.fail}, 'fail_after_hook') THEN fail_claim_seqs
+                       WHEN why IN ({verdict.pass}, {severity.hole}, 'after_hook') THEN pass_claim_seqs
                   END) AS claim_seq
     FROM decided
 ), evidence_claims AS (
@@ -635,28 +635,28 @@ WITH fk AS (
 )
 SELECT
     d.run_id, d.check_name AS "check", d.title,
-    CASE d.why WHEN 'observed' THEN 'not_exercised' WHEN 'fail' THEN 'fail'
-               WHEN 'fail_after_hook' THEN 'unknown' WHEN 'hole' THEN 'unknown'
-               WHEN 'after_hook' THEN 'unknown' WHEN 'unrebuilt' THEN 'unknown'
-               WHEN 'not_exercised' THEN 'not_exercised'
-               ELSE 'pass' END AS verdict,
-    CASE WHEN d.why IN ('fail', 'fail_after_hook') THEN d.all_fail_seqs
+    CASE d.why WHEN 'observed' THEN {verdict.not_exercised} WHEN {verdict.fail} THEN {verdict.fail}
+               WHEN 'fail_after_hook' THEN {verdict.unknown} WHEN {severity.hole} THEN {verdict.unknown}
+               WHEN 'after_hook' THEN {verdict.unknown} WHEN 'unrebuilt' THEN {verdict.unknown}
+               WHEN {verdict.not_exercised} THEN {verdict.not_exercised}
+               ELSE {verdict.pass} END AS verdict,
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN d.all_fail_seqs
          WHEN d.why = 'after_hook' THEN [d.hook_failed_seq]
          WHEN d.why = 'unrebuilt' THEN d.unrebuilt_seqs
-         WHEN d.why IN ('observed', 'not_exercised') THEN []::BIGINT[]
+         WHEN d.why IN ('observed', {verdict.not_exercised}) THEN []::BIGINT[]
          ELSE coalesce(d.pass_seqs, []::BIGINT[])
     END AS evidence_seqs,
     CASE d.why
         WHEN 'observed' THEN 'not exercised: an observed run (stock-vLLM listener) holds no '
                              'in-engine requests, admissions or arbiter decisions; this check '
                              'needs ' || d.needs
-        WHEN 'fail' THEN coalesce('failing findings: ' || d.fail_kinds
+        WHEN {verdict.fail} THEN coalesce('failing findings: ' || d.fail_kinds
                                   || CASE WHEN len(coalesce(d.fail_seqs, [])) > 0
                                           THEN '; and the trace contradicts the rule '
                                                || '(see evidence seqs)' ELSE '' END,
                                   'the trace contradicts the rule (see evidence seqs)')
         WHEN 'fail_after_hook' THEN d.hook_note || '; the failing evidence lies after it'
-        WHEN 'hole' THEN CASE WHEN d.exercised
+        WHEN {severity.hole} THEN CASE WHEN d.exercised
                               THEN 'no violation seen, but the run has a hole from seq '
                               ELSE 'not exercised in the events held, but the run has a hole '
                                    || 'from seq ' END
@@ -666,7 +666,7 @@ SELECT
                               || 'refused at the evidence seqs (no prompt size, no allocation): '
                               || 'their feasibility cannot be rebuilt, and the runtime''s '
                               || 'figures are not evidence'
-        WHEN 'not_exercised' THEN 'not exercised: needs ' || d.needs
+        WHEN {verdict.not_exercised} THEN 'not exercised: needs ' || d.needs
         ELSE coalesce(d.pass_detail, 'no violation')
              || CASE WHEN d.hook_failed_seq IS NOT NULL
                      THEN ' (' || d.hook_note || '; all evidence precedes it)' ELSE '' END

@@ -1,0 +1,84 @@
+"""The vocabulary lives in one module (kvclaims/contract/vocabulary.py): SQL, the dashboard, the
+report and the explanations read it instead of spelling it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from kvclaims.contract import vocabulary as V
+from kvclaims.contract.schema import EVENTS
+
+REPO = Path(__file__).resolve().parents[1]
+SQL_FILES = sorted([*(REPO / "reconstruct" / "sql").glob("*.sql"), *(REPO / "queries").glob("*.sql")])
+# Python that renders the vocabulary to people: every term it names comes from the module.
+PY_FILES = sorted([*(REPO / "dashboard").glob("*.py"), REPO / "kvclaims" / "explaining.py"])
+TERMS = frozenset(t for names in V.GROUPS.values() for t in names)
+# NOTE: Python pages name these groups through the module (``LABEL.harm``); releasers and
+# eviction causes are also column names there (``tenant``) and are checked in SQL only.
+PY_TERMS = frozenset(t for g, names in V.GROUPS.items() if g not in ("releaser", "cause")
+                     for t in names)
+_QUOTED = re.compile(r"'([A-Za-z0-9_]+)'")
+
+
+def sql_literals(text: str) -> list[str]:
+    """Quoted vocabulary terms in SQL code (comments are prose and may name them)."""
+    found = []
+    for line in text.splitlines():
+        code = line.split("--", 1)[0]
+        found += [m for m in _QUOTED.findall(code) if m in TERMS]
+    return found
+
+
+def python_literals(text: str) -> list[str]:
+    """String constants in Python code that are vocabulary terms (docstrings excluded)."""
+    tree = ast.parse(text)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and n.value in PY_TERMS and id(n) not in docs]
+
+
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.name)
+def test_sql_names_the_vocabulary_only_through_placeholders(path: Path) -> None:
+    assert sql_literals(path.read_text()) == []
+
+
+def test_a_quoted_label_in_sql_is_caught() -> None:
+    assert sql_literals("SELECT * FROM losses WHERE label = 'harm' -- 'eviction'") == ["harm"]
+
+
+@pytest.mark.parametrize("path", PY_FILES, ids=lambda p: p.name)
+def test_pages_name_the_vocabulary_only_through_the_module(path: Path) -> None:
+    assert python_literals(path.read_text()) == []
+
+
+def test_a_label_spelled_in_python_is_caught() -> None:
+    assert python_literals('"""harm"""\nCOLOURS = {"harm": "#D55E00"}\n') == ["harm"]
+
+
+def test_a_placeholder_is_filled_with_the_term() -> None:
+    assert V.fill_sql("label = {label.harm}") == "label = 'harm'"
+
+
+def test_a_placeholder_the_vocabulary_lacks_fails_loudly() -> None:
+    with pytest.raises(ValueError, match="not a term"):
+        V.fill_sql("outcome = {claim_outcome.harm}")
+
+
+def test_labels_rank_in_one_order_and_the_codes_follow_it() -> None:
+    assert [V.LABEL_SEVERITY[x] for x in V.LABELS] == sorted(V.LABEL_SEVERITY.values(), reverse=True)
+
+
+def test_the_schema_gives_fields_for_exactly_the_vocabulary_events() -> None:
+    assert tuple(EVENTS) == V.EVENT_NAMES
+
+
+def test_every_sql_file_fills_without_error() -> None:
+    for path in SQL_FILES:
+        V.fill_sql(path.read_text())
