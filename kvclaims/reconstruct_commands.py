@@ -23,8 +23,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="write every run's tables here instead "
                    "(with --engine spark: the dataset, one Parquet dataset per table)")
     p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
-                   help="duckdb: this process (default); spark: one Spark task per run "
-                        "(docs/fleet.md)")
+                   help="duckdb: this process (default); spark: the same audit, one Spark task "
+                        "per run (small runs packed), every table written as a Parquet "
+                        "dataset partitioned by day and run (docs/fleet.md)")
     p.add_argument("--master", metavar="URL",
                    help="with --engine spark: Spark's master (default local[*] or "
                         "$KVCLAIMS_SPARK_MASTER)")
@@ -113,15 +114,14 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
                                          progress=progress.stage)
     if args.json:
         print(json.dumps({"dataset": str(result.out), "runs": result.runs,
-                          "seconds": result.seconds, "duckdb_fallbacks": result.fallbacks},
+                          "tasks": result.tasks, "seconds": result.seconds},
                          indent=2, default=str))
     else:
-        print(f"reconstructed {len(result.runs)} run(s) on Spark: {result.events} events in "
-              f"{result.seconds:.1f} s -> {result.out}/<table>/date=*/run_id=*/")
+        print(f"reconstructed {len(result.runs)} run(s) on Spark in {len(result.tasks)} "
+              f"task(s): {result.events} events in {result.seconds:.1f} s -> "
+              f"{result.out}/<table>/date=*/run_id=*/")
         for row in result.errors:
             print(f"  {row['run_id']}: error: {row['error']}", file=sys.stderr)
-        for line in result.fallbacks:  # run on Spark, per run, in DuckDB (docs/fleet.md)
-            print(f"  per-run DuckDB: {line}", file=sys.stderr)
     return 3 if result.errors else 0
 
 
