@@ -29,6 +29,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--master", metavar="URL",
                    help="with --engine spark: Spark's master (default local[*] or "
                         "$KVCLAIMS_SPARK_MASTER)")
+    p.add_argument("--pack-events", metavar="N", type=int,
+                   help="with --engine spark: runs of fewer events share a task, up to N "
+                        "events per task (default: the fleet over 4 tasks per slot, at least "
+                        "the largest run)")
     p.add_argument("--json", action="store_true",
                    help='print {"tables": [...], "runs": [...]} as JSON')
     p.set_defaults(func=cmd_reconstruct)
@@ -100,6 +104,8 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise InputError("--engine spark needs --out DATASET (the fleet's Parquet datasets)")
+    if args.pack_events is not None and args.pack_events < 1:
+        raise InputError(f"--pack-events must be at least 1, not {args.pack_events}")
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -111,7 +117,8 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
                   key=f"reconstruct spark x{len(args.paths)}") as progress:
         result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
                                          memory_limit=args.memory_limit or "1GB",
-                                         progress=progress.stage)
+                                         progress=progress.stage,
+                                         pack_events=args.pack_events)
     if args.json:
         print(json.dumps({"dataset": str(result.out), "runs": result.runs,
                           "tasks": result.tasks, "seconds": result.seconds},

@@ -15,7 +15,7 @@ dataset by Spark (``open_dataset_spark``) and by DuckDB (``open_dataset_duckdb``
 Output layout (one Parquet dataset per table, Hive-partitioned, read alike by DuckDB, Polars
 and Spark)::
 
-    OUT/<table>/date=YYYY-MM-DD/run_id=<run>/part-00000.parquet
+    OUT/<table>/date=YYYY-MM-DD/run_id=<run>/part-0.parquet
 
 ``date`` is the UTC day the run started (from the manifest's wall-clock anchor), or
 ``unknown`` for runs without a clock. ``run_id`` lives in the path, not in the files.
@@ -33,15 +33,16 @@ import glob
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvclaims.recorder.schema import InputError
 
@@ -52,7 +53,7 @@ TABLES_OUT: Final[tuple[str, ...]] = (
     "findings", "conformance")
 
 #: The one file each run has in each table (a rerun of a task rewrites the same name).
-PART_NAME: Final[str] = "part-00000.parquet"
+PART_NAME: Final[str] = "part-0.parquet"
 
 #: Packs of small runs hold about this many events at least and at most (``plan_tasks``).
 PACK_MIN_EVENTS: Final[int] = 50_000
@@ -130,9 +131,17 @@ def _largest_first(run: FleetRun) -> tuple[int, int, str]:
 
 def pack_target(runs: Sequence[FleetRun], slots: int) -> int:
     """How many events a pack of small runs holds: the fleet over ``TASKS_PER_SLOT`` tasks per
-    slot, within ``PACK_MIN_EVENTS``..``PACK_MAX_EVENTS``."""
+    slot, but at least the largest run's events (a pack as long as the largest run's task
+    does not lengthen the job, whose critical path that task already is), within
+    ``PACK_MIN_EVENTS``..``PACK_MAX_EVENTS``.
+
+    NOTE: each task pays the audit's fixed cost (its SQL statements, its views, its writes)
+    once: fewer, larger packs cost less CPU, more of them balance the slots better.
+    """
     total = sum(r.events for r in runs)
-    return max(PACK_MIN_EVENTS, min(PACK_MAX_EVENTS, total // max(1, slots * TASKS_PER_SLOT)))
+    largest = max((r.events for r in runs), default=0)
+    share = total // max(1, slots * TASKS_PER_SLOT)
+    return max(PACK_MIN_EVENTS, min(PACK_MAX_EVENTS, max(share, largest)))
 
 
 def plan_tasks(runs: Sequence[FleetRun], slots: int, pack_events: int | None = None
@@ -168,74 +177,85 @@ def plan_tasks(runs: Sequence[FleetRun], slots: int, pack_events: int | None = N
 
 # -- the per-run audit, inside a task -------------------------------------------------------------
 
-def spark_partition_dir(table_dir: Path, date: str, run_id: str) -> Path:
-    """Where one run's rows of a table go (Hive path escaping, as Spark's
-    ``ExternalCatalogUtils.escapePathName``: Spark and DuckDB read the value back)."""
-    return table_dir / f"date={_escape(date)}" / f"run_id={_escape(run_id)}"
+def partition_dir(table_dir: Path, date: str, run_id: str) -> Path:
+    """Where one run's rows of a table lie: Hive partitions, each value percent-encoded as
+    DuckDB's ``COPY ... PARTITION_BY`` writes it (every byte but ``A-Za-z0-9-._~``); DuckDB
+    and Spark read the value back."""
+    return table_dir / f"date={quote(date, safe='')}" / f"run_id={quote(run_id, safe='')}"
 
 
-_SPECIAL: Final[frozenset[str]] = frozenset('"#%\'*/:=?\\\x7f{[]^')
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
-def _escape(value: str) -> str:
-    return "".join(f"%{ord(c):02X}" if c in _SPECIAL or ord(c) < 0x20 else c for c in value)
+def write_table_partitions(con: Any, table: str, runs: Sequence[FleetRun],
+                           table_dir: Path) -> dict[str, int]:
+    """Write one table of an audit's connection as ``table_dir/date=…/run_id=…/part-0.parquet``
+    (zstd; ``date`` and ``run_id`` in the path, not in the files), one partition per run, an
+    empty file where a run has no rows; returns the rows per run.
 
-
-def write_partition(reader: pa.RecordBatchReader, target: Path) -> int:
-    """Write one run's rows of one table (``run_id`` dropped: it is in the path) as
-    ``target/part-00000.parquet`` (zstd); returns the rows.
-
-    NOTE: written under a hidden name and renamed, so a reader never sees half a file; a task
-    that runs again rewrites the same name.
+    NOTE: one DuckDB ``COPY ... PARTITION_BY`` per table, streamed, not one query per run and
+    table (a query's fixed cost times runs x tables was most of a task's time); a task that
+    runs again rewrites the same names (``OVERWRITE_OR_IGNORE``). Needs ``kv_fleet_dates``.
     """
-    names = [n for n in reader.schema.names if n != "run_id"]
-    schema = pa.schema([reader.schema.field(n) for n in names])
-    target.mkdir(parents=True, exist_ok=True)
-    tmp = target / f".{PART_NAME}.{os.getpid()}"
-    rows = 0
-    try:
-        with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
-            for batch in reader:
-                writer.write_batch(pa.RecordBatch.from_arrays(
-                    [batch.column(batch.schema.get_field_index(n)) for n in names],
-                    schema=schema))
-                rows += batch.num_rows
-        os.replace(tmp, target / PART_NAME)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return rows
+    rows = dict(con.execute(f"SELECT run_id, count(*) FROM {table} GROUP BY run_id").fetchall())
+    table_dir.mkdir(parents=True, exist_ok=True)
+    if len(runs) == 1:
+        # NOTE: one run: a plain COPY into its partition (a partitioned write costs twice as
+        # much CPU)
+        target = partition_dir(table_dir, runs[0].date, runs[0].run_id)
+        target.mkdir(parents=True, exist_ok=True)
+        con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {table}) TO "
+                    f"{_sql_string(str(target / PART_NAME))} (FORMAT parquet, COMPRESSION zstd)")
+        return {runs[0].run_id: rows.get(runs[0].run_id, 0)}
+    con.execute(f"""
+        COPY (SELECT t.*, d.date FROM {table} t JOIN kv_fleet_dates d ON d.run_id = t.run_id)
+        TO {_sql_string(str(table_dir))}
+        (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, run_id), OVERWRITE_OR_IGNORE,
+         FILENAME_PATTERN 'part-{{i}}')""")
+    empty: Path | None = None
+    for run in runs:
+        if rows.get(run.run_id, 0):
+            continue
+        target = partition_dir(table_dir, run.date, run.run_id)
+        target.mkdir(parents=True, exist_ok=True)
+        if empty is None:
+            # NOTE: DuckDB writes the empty file too, so its types are those of the others
+            empty = target / PART_NAME
+            con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {table} LIMIT 0) TO "
+                        f"{_sql_string(str(empty))} (FORMAT parquet, COMPRESSION zstd)")
+        else:
+            shutil.copyfile(empty, target / PART_NAME)
+    return {run.run_id: rows.get(run.run_id, 0) for run in runs}
 
 
 def audit_runs(runs: Sequence[FleetRun], out: str | Path, *, memory_limit: str = "1GB",
                threads: int | None = 1) -> dict[str, dict[str, int]]:
     """Audit ``runs`` exactly as ``kvclaims.open`` does (one audit over them: no stage mixes
-    runs) and write every table it shows, one partition per run; returns the rows written
-    per run and table.
+    runs) and write every table it shows, one partition per run (``write_table_partitions``);
+    returns the rows written per run and table.
 
     Raises ``InputError`` (one line) when a run cannot be read.
     """
-    import duckdb
-
     from kvclaims.audit import open_audit
 
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, int]] = {r.run_id: {} for r in runs}
+    dates = pa.table({"run_id": [r.run_id for r in runs], "date": [r.date for r in runs]})
     with open_audit([r.run_dir for r in runs], memory_limit=memory_limit, threads=threads,
                     reuse=False, lock=False) as audit:
         missing = sorted(set(rows) - set(audit.runs))
         if missing:
             raise InputError(f"run {missing[0]!r} is not in the audit of its directory")
+        audit.con.register("kv_fleet_dates_in", dates)
+        audit.con.execute("CREATE TEMP TABLE kv_fleet_dates AS SELECT * FROM kv_fleet_dates_in")
+        audit.con.unregister("kv_fleet_dates_in")
         for table in audit.tables:
-            rel = audit.con.table(table)
-            if "run_id" not in rel.columns:
+            if "run_id" not in audit.con.table(table).columns:
                 raise InputError(f"{table}: the audit's table has no run_id column")
-            for run in runs:
-                part = rel if len(runs) == 1 else rel.filter(
-                    duckdb.ColumnExpression("run_id") == duckdb.ConstantExpression(run.run_id))
-                reader = part.to_arrow_reader(batch_size=1 << 16)
-                rows[run.run_id][table] = write_partition(
-                    reader, spark_partition_dir(out / table, run.date, run.run_id))
+            for rid, n in write_table_partitions(audit.con, table, runs, out / table).items():
+                rows[rid][table] = n
     return rows
 
 
