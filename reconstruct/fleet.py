@@ -263,13 +263,15 @@ def run_task(task: tuple[int, list[dict[str, Any]]], out: str, memory_limit: str
              threads: int | None = 1) -> list[dict[str, Any]]:
     """What each Spark task runs: audit its runs (``audit_runs``) and return one status row
     per run (``kind`` ``run``: events, losses, error) and one for the task (``kind``
-    ``task``: its runs, events, wall and CPU seconds of this worker).
+    ``task``: its runs, events, when it started (epoch seconds), wall and CPU seconds of this
+    worker).
 
     A pack that fails on a bad run is audited again one run at a time, so only that run is
     reported as failed (its one-line error); the fleet goes on.
     """
     index, items = task
     runs = [FleetRun(**item) for item in items]
+    started = time.time()
     t0, c0 = time.perf_counter(), time.process_time()
     statuses = _audit_or_split(runs, out, memory_limit, threads)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -278,7 +280,8 @@ def run_task(task: tuple[int, list[dict[str, Any]]], out: str, memory_limit: str
     statuses.append({"kind": "task", "task": index, "runs": len(runs),
                      "run_ids": [r.run_id for r in runs],
                      "events": sum(s["events"] for s in statuses),
-                     "seconds": wall, "cpu_seconds": cpu, "pid": os.getpid()})
+                     "started": started, "seconds": wall, "cpu_seconds": cpu,
+                     "pid": os.getpid()})
     return statuses
 
 
