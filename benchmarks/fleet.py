@@ -262,10 +262,7 @@ def report(args: argparse.Namespace, n_runs: int, n_events: int, duck: dict[str,
          duck["open_wall"] + duck["dataset_wall"], duck["open_cpu"] + duck["dataset_cpu"]),
     ]
     spark_eps = n_events / spark["cpu"]
-    same = n_events / duck_rows[2][3]
     task_cpu = sum(t["cpu_seconds"] for t in result.tasks)
-    met = (spark_eps >= 0.7 * same and audit_m.get("shuffleReadBytes") == 0
-           and audit_m.get("shuffleWriteBytes") == 0)
     cmd = (f"flock /tmp/kvc-vllm.lock python benchmarks/fleet.py --runs {args.runs} "
            f"--giant-events {args.giant_events} --master {args.master}")
     lines = [
@@ -304,7 +301,7 @@ def report(args: argparse.Namespace, n_runs: int, n_events: int, duck: dict[str,
         f"| critical path: longest task | task {crit['task']}, {crit['runs']} run(s), "
         f"{crit['events']:,} events, {crit['seconds']:.1f} s"
         + (" (the giant run)" if giant_task is crit else "") + " |",
-        f"| the giant run's task started | "
+        "| the giant run's task started | "
         + (f"{giant_task['started'] - min(t['started'] for t in result.tasks):.1f} s after "
            "the first task (planned first)" if giant_task else "-") + " |",
         f"| on {slots} slots: ideal max(longest, sum/{slots}) vs audit wall | {ideal:.1f} s vs "
@@ -314,11 +311,16 @@ def report(args: argparse.Namespace, n_runs: int, n_events: int, duck: dict[str,
         f"| fleet views: shuffle read / write bytes | {views_m.get('shuffleReadBytes', '?'):,} "
         f"/ {views_m.get('shuffleWriteBytes', '?'):,} |",
         "",
-        "Target: Spark ≥ 0.7× the events per CPU-second of one DuckDB process writing the "
-        "same dataset, with 0 shuffle bytes outside the fleet views: "
-        + ("met" if met else "**not met**")
-        + f" ({spark_eps / same:.2f}×; against the audit + one file per table: "
-        f"{spark_eps / (n_events / duck_rows[1][3]):.2f}×).",
+        "Target (issue 29): Spark local[2] ≥ 0.7× DuckDB's events per CPU-second, 0 shuffle "
+        f"bytes outside the fleet views. Shuffle bytes of the audit: "
+        f"{audit_m.get('shuffleReadBytes', '?')} read, {audit_m.get('shuffleWriteBytes', '?')}"
+        " written. Spark's events per CPU-second against one DuckDB process "
+        + "; ".join(f"{label}: {spark_eps / (n_events / cpu):.2f}× ("
+                    + ("≥ 0.7" if spark_eps >= 0.7 * n_events / cpu else "**< 0.7**") + ")"
+                    for label, cpu in (("writing the same dataset", duck_rows[2][3]),
+                                       ("writing one file per table", duck_rows[1][3]),
+                                       ("the audit alone, writing nothing", duck_rows[0][3])))
+        + ".",
         END,
     ]
     return "\n".join(lines) + "\n"
