@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pack-events", metavar="N", type=int,
                    help="with --engine spark: runs of fewer events share a task, up to N "
                         "events per task (default: the fleet over 4 tasks per slot, at least "
-                        "the largest run)")
+                        "half the largest run)")
     p.add_argument("--json", action="store_true",
                    help='print {"tables": [...], "runs": [...]} as JSON')
     p.set_defaults(func=cmd_reconstruct)

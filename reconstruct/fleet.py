@@ -131,17 +131,18 @@ def _largest_first(run: FleetRun) -> tuple[int, int, str]:
 
 def pack_target(runs: Sequence[FleetRun], slots: int) -> int:
     """How many events a pack of small runs holds: the fleet over ``TASKS_PER_SLOT`` tasks per
-    slot, but at least the largest run's events (a pack as long as the largest run's task
-    does not lengthen the job, whose critical path that task already is), within
+    slot, but at least half the largest run's events, within
     ``PACK_MIN_EVENTS``..``PACK_MAX_EVENTS``.
 
     NOTE: each task pays the audit's fixed cost (its SQL statements, its views, its writes)
-    once: fewer, larger packs cost less CPU, more of them balance the slots better.
+    once: fewer, larger packs cost less CPU, more of them balance the slots better. A pack
+    also pays per-run costs a single run does not, so packs stay at half the largest run:
+    the largest run's task remains the longest (the job's critical path on any cluster).
     """
     total = sum(r.events for r in runs)
     largest = max((r.events for r in runs), default=0)
     share = total // max(1, slots * TASKS_PER_SLOT)
-    return max(PACK_MIN_EVENTS, min(PACK_MAX_EVENTS, max(share, largest)))
+    return max(PACK_MIN_EVENTS, min(PACK_MAX_EVENTS, max(share, largest // 2)))
 
 
 def plan_tasks(runs: Sequence[FleetRun], slots: int, pack_events: int | None = None

@@ -319,6 +319,13 @@ def test_plan_puts_a_giant_run_alone_in_the_first_task() -> None:
     assert sorted(r.run_id for t in tasks for r in t) == sorted(r.run_id for r in runs)
 
 
+def test_default_packs_stay_below_the_largest_run() -> None:
+    runs = [_run(f"r{i}", 100_000) for i in range(40)] + [_run("giant", 2_000_000)]
+    first, *packs = fleet.plan_tasks(runs, slots=2)
+    assert [r.run_id for r in first] == ["giant"]
+    assert packs and all(sum(r.events for r in t) <= 1_000_000 for t in packs)
+
+
 def test_plan_packs_small_runs_up_to_the_pack_size() -> None:
     tasks = fleet.plan_tasks([_run(f"r{i}", 100) for i in range(20)], slots=2,
                              pack_events=1000)
