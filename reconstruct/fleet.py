@@ -136,8 +136,8 @@ def pack_target(runs: Sequence[FleetRun], slots: int) -> int:
 
     NOTE: each task pays the audit's fixed cost (its SQL statements, its views, its writes)
     once: fewer, larger packs cost less CPU, more of them balance the slots better. A pack
-    also pays per-run costs a single run does not, so packs stay at half the largest run:
-    the largest run's task remains the longest (the job's critical path on any cluster).
+    also pays per-run costs a single run does not (a pack of the largest run's size outlasted
+    it), so packs stay at half the largest run.
     """
     total = sum(r.events for r in runs)
     largest = max((r.events for r in runs), default=0)
@@ -369,8 +369,8 @@ class FleetResult:
 
     @property
     def critical_task(self) -> dict[str, Any] | None:
-        """The longest task (the giant run's, when there is one): no cluster finishes the job
-        sooner."""
+        """The longest task: no cluster finishes the job sooner (a giant run's, or a pack of
+        runs that cost more per event)."""
         return max(self.tasks, key=lambda t: t["seconds"], default=None)
 
 
