@@ -301,9 +301,10 @@ def report(args: argparse.Namespace, n_runs: int, n_events: int, duck: dict[str,
         f"| critical path: longest task | task {crit['task']}, {crit['runs']} run(s), "
         f"{crit['events']:,} events, {crit['seconds']:.1f} s"
         + (" (the giant run)" if giant_task is crit else "") + " |",
-        "| the giant run's task started | "
-        + (f"{giant_task['started'] - min(t['started'] for t in result.tasks):.1f} s after "
-           "the first task (planned first)" if giant_task else "-") + " |",
+        "| the giant run's task | "
+        + (f"{giant_task['events']:,} events, {giant_task['seconds']:.1f} s, started "
+           f"{giant_task['started'] - min(t['started'] for t in result.tasks):.1f} s after the "
+           "first task (planned first)" if giant_task else "-") + " |",
         f"| on {slots} slots: ideal max(longest, sum/{slots}) vs audit wall | {ideal:.1f} s vs "
         f"{spark['wall']:.1f} s |",
         f"| fleet views: Spark s / DuckDB s | {views['spark_s']:.1f} / {views['duckdb_s']:.1f} "
