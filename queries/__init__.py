@@ -22,6 +22,11 @@ VIEWS: Final[tuple[str, ...]] = (
     "request_outcomes", "refusals_with_blockers", "feasibility_violations",
     "tenant_explanations", "pool_occupancy", "block_states", "capacity_sweep")
 
+#: Views over a whole fleet dataset (``queries/fleet/*.sql``: where runs meet), each one SQL
+#: text that Spark SQL and DuckDB both run (docs/fleet.md); created by ``apply_fleet``.
+FLEET_VIEWS: Final[tuple[str, ...]] = (
+    "fleet_claims_harmed", "fleet_capacity_by_policy", "fleet_findings_by_kind")
+
 #: The tables every audit has (docs/reconstruction.md), with their one-line description.
 TABLES: Final[dict[str, str]] = {
     "events": "every recorded event, one row per event, strings decoded (docs/trace-format.md)",
@@ -45,6 +50,14 @@ def sql_text(view: str) -> str:
                     .read_text(encoding="utf-8"))
 
 
+def fleet_sql_text(view: str) -> str:
+    """The SQL of one fleet view (``FLEET_VIEWS``): the same text on Spark SQL and DuckDB."""
+    if view not in FLEET_VIEWS:
+        raise KeyError(f"unknown fleet view {view!r}; choose one of {list(FLEET_VIEWS)}")
+    return fill_sql(resources.files("kvclaims.queries").joinpath("fleet", f"{view}.sql")
+                    .read_text(encoding="utf-8"))
+
+
 def description(view: str) -> str:
     """A view's one-line description: its first comment sentence, after ``name:``."""
     words: list[str] = []
@@ -63,3 +76,10 @@ def apply(con: Any, views: tuple[str, ...] | list[str] = VIEWS) -> list[str]:
     for view in views:
         con.execute(sql_text(view))
     return list(views)
+
+
+def apply_fleet(con: Any) -> list[str]:
+    """Create the fleet views (``FLEET_VIEWS``) on a DuckDB connection; return their names."""
+    for view in FLEET_VIEWS:
+        con.execute(fleet_sql_text(view))
+    return list(FLEET_VIEWS)

@@ -550,7 +550,9 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
             con.unregister("kv_events_in")
         return []
     listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM read_parquet([{listed}])")
+    # NOTE: by name: a run sealed by an older schema lacks the columns added since (NULL here)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM read_parquet([{listed}], "
+                "union_by_name = true)")
     return paths
 
 

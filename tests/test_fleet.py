@@ -2,14 +2,16 @@
 machine.
 
 Spark starts once per module (a JVM); the fleet is a handful of shipped runs, a generated run,
-a run split into many segments and a run with a hole. Tasks run the labelling core; the later
-stages run as Spark SQL transpiled from the same stage files (kvclaims/fleet.py).
+a run split into many segments and a run with a hole. Each task runs the single-machine audit
+over its run(s) and writes every table; Spark SQL runs only the fleet views
+(reconstruct/fleet.py, queries/fleet/).
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,8 @@ pytest.importorskip("pyspark")
 from kvclaims.contract.trace_writer import RunWriter  # noqa: E402
 from kvclaims import fleet  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
+from kvclaims import queries  # noqa: E402
 from kvclaims.sources.jsonl import import_jsonl  # noqa: E402
-from kvclaims.reconstruct.core import STAGES  # noqa: E402
 from kvclaims.reconstruct.loader import load_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,8 +106,10 @@ def dataset_result(spark: Any, fleet_dirs: list[Path],
     out = tmp_path_factory.mktemp("dataset") / "fleet"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
+        # NOTE: --pack-events 2000: the generated run (3000 events) is a task of its own,
+        # the small runs share tasks
         code = main(["reconstruct", "--engine", "spark", *map(str, fleet_dirs),
-                     "--out", str(out), "--json"])
+                     "--out", str(out), "--json", "--pack-events", "2000"])
     assert code == 0
     return json.loads(printed.getvalue())
 
@@ -137,16 +141,6 @@ def test_every_run_has_one_partition_in_every_table(dataset: Path,
         assert len(run_dirs) == len(fleet_dirs), table
 
 
-def test_tasks_run_only_the_core_and_spark_sql_the_rest() -> None:
-    shipped, outputs, statements = fleet.plan_tables()
-    assert {"losses", "loss_claims", "events", "kv_runs", "kv_claim_facts"} <= set(shipped)
-    # what the SQL stages create is computed by Spark, never shipped from a task
-    assert not {s.table for s in statements} & set(shipped)
-    assert {"claims", "requests", "feasibility", "findings", "conformance"} <= {
-        s.table for s in statements}
-    assert set(fleet.core_stages()) | set(fleet.sql_stages()) == set(STAGES)
-
-
 def test_dataset_holds_every_table_of_the_audit(dataset: Path, single: Any) -> None:
     assert set(fleet.TABLES_OUT) <= set(fleet.dataset_tables(dataset)) == set(single.tables)
 
@@ -173,13 +167,6 @@ def test_table_comparison_sees_one_changed_label(dataset: Path) -> None:
     changed = con.sql("SELECT * REPLACE (CASE WHEN seq = (SELECT min(seq) FROM losses) "
                       "THEN label || '-changed' ELSE label END AS label) FROM losses")
     assert _rows(changed) != _rows(con.sql("SELECT * FROM losses"))
-
-
-def test_spark_sql_runs_the_stages_it_can(dataset_result: dict[str, Any]) -> None:
-    # NOTE: a statement Spark SQL cannot analyse runs per run in DuckDB (listed with the
-    # reason); every table of 05_feasibility and 06_outcomes runs on Spark SQL
-    fallen = {line.split(":")[1].strip() for line in dataset_result["duckdb_fallbacks"]}
-    assert not fallen & {"feasibility", "claims", "requests", "kv_claim_refs"}
 
 
 def test_split_run_labels_equal_its_unsplit_twin(dataset: Path) -> None:
@@ -209,23 +196,69 @@ def test_dataset_reads_the_same_in_polars(dataset: Path) -> None:
         "SELECT DISTINCT run_id FROM losses").fetchall()}
 
 
-def test_every_documented_view_runs_on_spark_and_duckdb_alike(spark: Any,
-                                                             dataset: Path) -> None:
+def _spark_view(spark: Any, view: str) -> list[tuple]:
     import duckdb
 
-    views = fleet.open_dataset_spark(spark, dataset)
+    tmp = duckdb.connect()
+    tmp.register("spark_rows", spark.sql(f"SELECT * FROM {view}").toArrow())
+    return _rows(tmp.sql("SELECT * FROM spark_rows"))
+
+
+@pytest.fixture(scope="module")
+def spark_views(spark: Any, dataset: Path) -> list[str]:
+    return fleet.open_dataset_spark(spark, dataset)
+
+
+@pytest.mark.parametrize("view", queries.FLEET_VIEWS)
+def test_fleet_view_is_equal_on_spark_and_duckdb(spark: Any, spark_views: list[str],
+                                                  dataset: Path, view: str) -> None:
     con = fleet.open_dataset_duckdb(dataset)
-    for view in views:
-        from_spark = spark.sql(f"SELECT * FROM {view}").toArrow()
-        tmp = duckdb.connect()
-        tmp.register("spark_rows", from_spark)
-        assert _rows(tmp.sql("SELECT * FROM spark_rows")) == _rows(
-            con.sql(f"SELECT * FROM {view}")), view
+    from_duckdb = _rows(con.sql(f"SELECT * FROM {view}"))
+    assert from_duckdb and _spark_view(spark, view) == from_duckdb
 
 
-def test_view_transpiles_duckdb_only_constructs() -> None:
-    sql = fleet.spark_view_sql("tenant_explanations")
-    assert " FOR " not in sql and "{}" not in sql
+def test_fleet_view_comparison_sees_one_changed_count(spark: Any, spark_views: list[str],
+                                                      dataset: Path) -> None:
+    con = fleet.open_dataset_duckdb(dataset)
+    changed = _rows(con.sql("SELECT * REPLACE (findings + 1 AS findings) "
+                            "FROM fleet_findings_by_kind"))
+    assert _spark_view(spark, "fleet_findings_by_kind") != changed
+
+
+def test_fleet_views_are_one_sql_text_for_both_engines(spark: Any, spark_views: list[str]
+                                                      ) -> None:
+    # NOTE: the text Spark ran is the file itself: no dialect translation in between
+    assert spark_views == list(queries.FLEET_VIEWS)
+    for view in queries.FLEET_VIEWS:
+        text = queries.fleet_sql_text(view)
+        assert text.lstrip("- ").startswith(view) and f"VIEW {view} AS" in text
+
+
+def test_fleet_view_harmed_claims_follow_the_claims_table(dataset: Path) -> None:
+    con = fleet.open_dataset_duckdb(dataset)
+    ((harmed,),) = con.sql("SELECT count(*) FROM claims WHERE outcome = 'harmed'").fetchall()
+    ((viewed,),) = con.sql("SELECT sum(claims_harmed) FROM fleet_claims_harmed").fetchall()
+    assert harmed > 0 and viewed == harmed
+
+
+def test_the_audit_job_has_no_shuffle(spark: Any, dataset: Path) -> None:
+    # a job without a shuffle is one stage; one with a shuffle has a stage per side of it
+    tracker = spark.sparkContext.statusTracker()
+    jobs = tracker.getJobIdsForGroup(fleet.AUDIT_JOB_GROUP)
+    assert jobs and all(len(tracker.getJobInfo(j).stageIds) == 1 for j in jobs)
+
+
+def test_a_job_with_a_shuffle_shows_more_than_one_stage(spark: Any) -> None:
+    sc = spark.sparkContext
+    sc.setJobGroup("kvclaims-test-shuffle", "a shuffle, for the negative twin")
+    try:
+        sc.parallelize(range(10), 2).map(lambda x: (x % 3, x)).reduceByKey(
+            lambda a, b: a + b).collect()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    tracker = sc.statusTracker()
+    (job,) = tracker.getJobIdsForGroup("kvclaims-test-shuffle")
+    assert len(tracker.getJobInfo(job).stageIds) == 2
 
 
 def test_fleet_refuses_a_non_empty_output(tmp_path: Path, fleet_dirs: list[Path]) -> None:
@@ -249,11 +282,93 @@ def test_cli_engine_spark_reports_every_run_without_error(dataset_result: dict[s
     assert all(r["error"] is None and r["events"] > 0 for r in dataset_result["runs"])
 
 
+def test_cli_engine_spark_runs_the_largest_run_alone_and_first(
+        dataset_result: dict[str, Any]) -> None:
+    first, *rest = dataset_result["tasks"]
+    assert first["run_ids"] == ["generated"] and rest
+    assert any(t["runs"] > 1 for t in rest)
+    assert all(first["events"] >= t["events"] for t in rest)
+
+
+def test_cli_engine_spark_refuses_a_pack_size_below_one(fleet_dirs: list[Path], tmp_path: Path,
+                                                         capsys: Any) -> None:
+    from kvclaims.cli import main
+
+    assert main(["reconstruct", "--engine", "spark", str(fleet_dirs[1]), "--out",
+                 str(tmp_path / "out"), "--pack-events", "0"]) == 2
+    assert "--pack-events must be at least 1" in capsys.readouterr().err
+
+
 def test_cli_engine_spark_needs_an_output_dataset(fleet_dirs: list[Path], capsys: Any) -> None:
     from kvclaims.cli import main
 
     assert main(["reconstruct", "--engine", "spark", str(fleet_dirs[1])]) == 2
     assert "needs --out" in capsys.readouterr().err
+
+
+# -- scheduling and failures, without Spark ------------------------------------------------------
+
+def _run(rid: str, events: int) -> fleet.FleetRun:
+    return fleet.FleetRun(rid, f"/runs/{rid}", "2026-12-01", events * 10, events)
+
+
+def test_plan_puts_a_giant_run_alone_in_the_first_task() -> None:
+    runs = [_run(f"r{i}", 100) for i in range(20)] + [_run("giant", 10_000)]
+    tasks = fleet.plan_tasks(runs, slots=2, pack_events=1000)
+    assert [r.run_id for r in tasks[0]] == ["giant"]
+    assert sorted(r.run_id for t in tasks for r in t) == sorted(r.run_id for r in runs)
+
+
+def test_default_packs_stay_below_the_largest_run() -> None:
+    runs = [_run(f"r{i}", 100_000) for i in range(40)] + [_run("giant", 2_000_000)]
+    first, *packs = fleet.plan_tasks(runs, slots=2)
+    assert [r.run_id for r in first] == ["giant"]
+    assert packs and all(sum(r.events for r in t) <= 1_000_000 for t in packs)
+
+
+def test_plan_packs_small_runs_up_to_the_pack_size() -> None:
+    tasks = fleet.plan_tasks([_run(f"r{i}", 100) for i in range(20)], slots=2,
+                             pack_events=1000)
+    assert [len(t) for t in tasks] == [10, 10]
+
+
+def test_plan_gives_each_run_its_task_when_every_run_fills_one() -> None:
+    tasks = fleet.plan_tasks([_run(f"r{i}", 100 * (i + 1)) for i in range(5)], slots=2,
+                             pack_events=100)
+    assert [[r.run_id for r in t] for t in tasks] == [["r4"], ["r3"], ["r2"], ["r1"], ["r0"]]
+
+
+def test_fleet_runs_are_found_largest_first(fleet_dirs: list[Path]) -> None:
+    runs = fleet.find_fleet_runs(fleet_dirs)
+    assert runs[0].run_id == "generated"
+    assert [r.events for r in runs] == sorted((r.events for r in runs), reverse=True)
+
+
+def _damage_a_middle_segment(run_dir: Path) -> None:
+    """Overwrite a segment that is not the last with bytes that are no Arrow IPC stream (and
+    drop the sealed copy, so the segments are what is read): the loader refuses the run."""
+    (run_dir / "events.parquet").unlink(missing_ok=True)
+    segments = sorted(run_dir.glob("events-*.arrows"))
+    assert len(segments) > 2
+    segments[1].write_bytes(b"this is not an Arrow IPC stream\n" * 50)
+
+
+def test_a_bad_run_in_a_pack_fails_alone(fleet_dirs: list[Path], tmp_path: Path) -> None:
+    good = fleet.find_fleet_runs([fleet_dirs[1]])[0]
+    bad_dir = shutil.copytree(fleet_dirs[4], tmp_path / "bad")   # the split run
+    _damage_a_middle_segment(bad_dir)
+    bad = fleet.find_fleet_runs([bad_dir])[0]
+    statuses = fleet.run_task((0, [asdict(good), asdict(bad)]), str(tmp_path / "out"))
+    by_run = {s["run_id"]: s for s in statuses if s["kind"] == "run"}
+    assert by_run[good.run_id]["error"] is None and by_run[good.run_id]["events"] > 0
+    assert by_run[bad.run_id]["error"] and "\n" not in by_run[bad.run_id]["error"]
+    assert (tmp_path / "out" / "losses").is_dir()
+
+
+def test_a_pack_of_good_runs_reports_no_error(fleet_dirs: list[Path], tmp_path: Path) -> None:
+    runs = fleet.find_fleet_runs(fleet_dirs[1:3])
+    statuses = fleet.run_task((0, [asdict(r) for r in runs]), str(tmp_path / "out"))
+    assert [s["error"] for s in statuses if s["kind"] == "run"] == [None, None]
 
 
 # -- explanations read from the dataset -----------------------------------------------------------

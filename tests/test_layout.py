@@ -57,6 +57,7 @@ def test_installed_package_holds_every_part_under_kvclaims(wheel: zipfile.ZipFil
         assert f"kvclaims/{part}/__init__.py" in names
     assert "kvclaims/reconstruct/sql/04_labels.sql" in names   # package data travels too
     assert "kvclaims/queries/loss_labels.sql" in names
+    assert "kvclaims/queries/fleet/fleet_claims_harmed.sql" in names
     assert not any(n.startswith(("recorder/", "queries/", "dashboard/")) for n in names)
 
 

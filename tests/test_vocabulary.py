@@ -13,7 +13,8 @@ from kvclaims.contract import vocabulary as V
 from kvclaims.contract.schema import EVENTS
 
 REPO = Path(__file__).resolve().parents[1]
-SQL_FILES = sorted([*(REPO / "reconstruct" / "sql").glob("*.sql"), *(REPO / "queries").glob("*.sql")])
+SQL_FILES = sorted([*(REPO / "reconstruct" / "sql").glob("*.sql"),
+                    *(REPO / "queries").rglob("*.sql")])
 # Python that renders the vocabulary to people: every term it names comes from the module.
 PY_FILES = sorted([*(REPO / "dashboard").glob("*.py"), REPO / "kvclaims" / "explaining.py"])
 TERMS = frozenset(t for names in V.GROUPS.values() for t in names)

@@ -27,11 +27,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="write every run's tables here instead "
                    "(with --engine spark: the dataset, one Parquet dataset per table)")
     p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
-                   help="duckdb: this process (default); spark: one Spark task per run "
-                        "(docs/fleet.md)")
+                   help="duckdb: this process (default); spark: the same audit, one Spark task "
+                        "per run (small runs packed), every table written as a Parquet "
+                        "dataset partitioned by day and run (docs/fleet.md)")
     p.add_argument("--master", metavar="URL",
                    help="with --engine spark: Spark's master (default local[*] or "
                         "$KVCLAIMS_SPARK_MASTER)")
+    p.add_argument("--pack-events", metavar="N", type=int,
+                   help="with --engine spark: runs of fewer events share a task, up to N "
+                        "events per task (default: the fleet over 4 tasks per slot, at least "
+                        "half the largest run)")
     p.add_argument("--json", action="store_true",
                    help='print {"tables": [...], "runs": [...]} as JSON')
     p.set_defaults(func=cmd_reconstruct)
@@ -103,6 +108,8 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise InputError("--engine spark needs --out DATASET (the fleet's Parquet datasets)")
+    if args.pack_events is not None and args.pack_events < 1:
+        raise InputError(f"--pack-events must be at least 1, not {args.pack_events}")
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -113,18 +120,18 @@ def _reconstruct_spark(args: argparse.Namespace) -> int:
                   key=f"reconstruct spark x{len(args.paths)}") as progress:
         result = fleet.reconstruct_spark(args.paths, args.out, master=args.master,
                                          memory_limit=args.memory_limit or "1GB",
-                                         progress=progress.stage)
+                                         progress=progress.stage,
+                                         pack_events=args.pack_events)
     if args.json:
         print(json.dumps({"dataset": str(result.out), "runs": result.runs,
-                          "seconds": result.seconds, "duckdb_fallbacks": result.fallbacks},
+                          "tasks": result.tasks, "seconds": result.seconds},
                          indent=2, default=str))
     else:
-        print(f"reconstructed {len(result.runs)} run(s) on Spark: {result.events} events in "
-              f"{result.seconds:.1f} s -> {result.out}/<table>/date=*/run_id=*/")
+        print(f"reconstructed {len(result.runs)} run(s) on Spark in {len(result.tasks)} "
+              f"task(s): {result.events} events in {result.seconds:.1f} s -> "
+              f"{result.out}/<table>/date=*/run_id=*/")
         for row in result.errors:
             print(f"  {row['run_id']}: error: {row['error']}", file=sys.stderr)
-        for line in result.fallbacks:  # run on Spark, per run, in DuckDB (docs/fleet.md)
-            print(f"  per-run DuckDB: {line}", file=sys.stderr)
     return 3 if result.errors else 0
 
 
