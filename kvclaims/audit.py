@@ -234,11 +234,26 @@ def _fresh_tables(runs: Sequence[Any], code: str) -> list[str] | None:
         tables = stamp.get("tables")
         if not isinstance(tables, list) or (names is not None and tables != names):
             return None
-        if not all(isinstance(t, str) and t.isidentifier()
-                   and (run.path / RECONSTRUCTED_DIR / f"{t}.parquet").is_file() for t in tables):
+        if not all(isinstance(t, str) and t.isidentifier() for t in tables):
             return None
+        if stamp.get("sha256") != _table_digests(run.path / RECONSTRUCTED_DIR, tables):
+            return None   # NOTE: a changed byte anywhere (a footer statistic too): rebuild
         names = tables
     return names
+
+
+def _table_digests(folder: Path, tables: Sequence[str]) -> dict[str, str] | None:
+    """SHA-256 of each ``<table>.parquet`` in ``folder`` (None if any is missing, not a
+    regular file or unreadable): the stamp records them, reuse verifies them."""
+    from kvclaims.recorder.trace_writer import file_sha256
+
+    out = {}
+    for t in tables:
+        try:
+            out[t] = file_sha256(folder / f"{t}.parquet")[0]
+        except OSError:
+            return None
+    return out
 
 
 # -- the audit ----------------------------------------------------------------------------------
@@ -337,8 +352,9 @@ class Audit:
                 continue
             out = run_dir / RECONSTRUCTED_DIR
             self.write(out, run_id=rid)
+            tables = self._reconstructed()
             stamp = {"run_id": rid, "code": code, "inputs": _fingerprint(open_run(run_dir)),
-                     "tables": self._reconstructed()}
+                     "tables": tables, "sha256": _table_digests(out, tables)}
             (out / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
             written[rid] = out
         return written
