@@ -188,3 +188,262 @@ def test_no_footer_byte_of_a_sealed_file_changes_the_events_read(tmp_path: Path)
         assert any("sealed copy unusable" in t for t in info.truncations)
         assert not info.truncated_runs
         shutil.rmtree(stage)
+
+
+# -- the listener ---------------------------------------------------------------------------
+
+def _listener(tmp: Path) -> Any:
+    from kvclaims.recorder import kv_events as kv
+
+    run = kv.ObservedRun(tmp / "obs", kv.run_info("obs"), clock=lambda: 0)
+    return kv.Listener(run, kv.Translator(), wall0=999 * 10**9, mono0=0,
+                       warn=lambda _m: None)
+
+
+def _mp(obj: Any) -> bytes:
+    import msgspec
+
+    return msgspec.msgpack.encode(obj)
+
+
+def _stored(hashes: list[int], **fields: Any) -> dict[str, Any]:
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
+            "token_ids": None, "block_size": 16, "lora_id": None, "medium": "GPU", **fields}
+
+
+def _seq(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+GOOD = _mp([1000.5, [_stored([1, 2, 3])], 0])
+MALFORMED_BATCHES: dict[str, bytes] = {
+    "ts inf": b"\x93\xcb" + struct.pack(">d", float("inf")) + b"\x90\x00",
+    "ts -inf": b"\x93\xcb" + struct.pack(">d", float("-inf")) + b"\x90\x00",
+    "ts nan": b"\x93\xcb" + struct.pack(">d", float("nan")) + b"\x90\x00",
+    "ts 1e300": _mp([1e300, [], 0]),
+    "ts 2**63": _mp([2**63, [], 0]),
+    "ts negative": _mp([-1.0, [], 0]),
+    "ts a string": _mp(["now", [], 0]),
+    "rank 2**40": _mp([1.0, [], 2**40]),
+    "rank a list": _mp([1.0, [], [1]]),
+    "block_size 2**40": _mp([1.0, [_stored([1], block_size=2**40)], 0]),
+    "block_size 0": _mp([1.0, [_stored([1], block_size=0)], 0]),
+    "medium a list": _mp([1.0, [_stored([1], medium=["GPU"])], 0]),
+    "medium a map": _mp([1.0, [_stored([1], medium={"a": 1})], 0]),
+    "group_idx 2**63": _mp([1.0, [_stored([1], group_idx=2**63)], 0]),
+    "hash a string": _mp([1.0, [_stored(["x"])], 0]),
+    "hash a float": _mp([1.0, [_stored([1.5])], 0]),
+    "parent a map": _mp([1.0, [_stored([1], parent_block_hash={})], 0]),
+    "hashes not a list": _mp([1.0, [_stored(7)], 0]),  # type: ignore[arg-type]
+    "unknown event type": _mp([1.0, [{"type": "BlockExploded"}], 0]),
+    "event a number": _mp([1.0, [5], 0]),
+    "events a map": _mp([1.0, {"a": 1}, 0]),
+    "not msgpack": b"\xc1\xc1\xc1",
+    "empty payload": b"",
+    "a bare integer": _mp(7),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_BATCHES))
+def test_a_malformed_batch_is_a_counted_gap_and_the_listener_goes_on(
+        tmp_path: Path, kind: str) -> None:
+    lis = _listener(tmp_path)
+    lis.on_frames([b"", _seq(0), MALFORMED_BATCHES[kind]], 1000 * 10**9)
+    lis.on_frames([b"", _seq(1), GOOD], 1001 * 10**9)
+    summary = lis.close(1002 * 10**9)
+    assert summary["undecodable"] == 1 and summary["batches"] == 1
+    events = loader.load_runs([tmp_path / "obs"]).events
+    gaps = [r for r in events.to_pylist() if r["event"] == "recorder_gap"]
+    assert [g["reason"] for g in gaps] == ["undecodable_batch"]
+    assert events.column("event").to_pylist().count("block_cached") == 3
+
+
+def test_a_valid_batch_is_no_malformed_batch(tmp_path: Path) -> None:
+    """Negative twin: the validation accepts what vLLM sends."""
+    lis = _listener(tmp_path)
+    lis.on_frames([b"", _seq(0), GOOD], 1000 * 10**9)
+    summary = lis.close(1001 * 10**9)
+    assert (summary["undecodable"], summary["malformed_frames"], summary["batches"]) == (0, 0, 1)
+
+
+MALFORMED_FRAMES: dict[str, list[Any]] = {
+    "seq 2**63": [b"", (2**63).to_bytes(8, "big"), GOOD],
+    "seq 2**64-1": [b"", b"\xff" * 8, GOOD],
+    "seq jumps 2**40": [b"", _seq(2**40), GOOD],
+    "seq of 7 bytes": [b"", b"\x00" * 7, GOOD],
+    "two frames": [b"", _seq(0)],
+    "four frames": [b"", _seq(0), GOOD, b""],
+    "a 2 KiB topic": [b"t" * 2048, _seq(0), GOOD],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_FRAMES))
+def test_a_malformed_frame_is_counted_and_dropped(tmp_path: Path, kind: str) -> None:
+    lis = _listener(tmp_path)
+    lis.on_frames(MALFORMED_FRAMES[kind], 1000 * 10**9)
+    lis.on_frames([b"", _seq(0), GOOD], 1001 * 10**9)
+    summary = lis.close(1002 * 10**9)
+    assert summary["malformed_frames"] == 1 and summary["batches"] == 1
+    assert summary["batches_lost"] == 0
+
+
+def _giant_payload(hashes: int) -> bytes:
+    """A valid EventBatch with one BlockStored of ``hashes`` uint64 hashes (msgpack built
+    directly: 9 bytes a hash)."""
+    import numpy as np
+
+    body = np.empty((hashes, 9), dtype=np.uint8)
+    body[:, 0] = 0xCF
+    body[:, 1:] = np.arange(1, hashes + 1, dtype=">u8").view(np.uint8).reshape(hashes, 8)
+    head = (b"\x93\xcb" + struct.pack(">d", 1000.0) + b"\x91\x82"
+            + b"\xa4type\xabBlockStored" + b"\xacblock_hashes\xdd" + struct.pack(">I", hashes))
+    return head + body.tobytes() + b"\x00"
+
+
+def test_a_giant_frame_is_dropped_counted_and_becomes_a_gap(tmp_path: Path) -> None:
+    lis = _listener(tmp_path)
+    giant = _giant_payload(8_000_000)   # 72 MB: the issue's frame
+    assert len(giant) > 70_000_000
+    lis.on_frames([b"", _seq(0), giant], 1000 * 10**9)
+    lis.on_frames([b"", _seq(1), GOOD], 1001 * 10**9)
+    summary = lis.close(1002 * 10**9)
+    assert summary["oversized_frames"] == 1 and summary["batches"] == 1
+    reasons = [r["reason"] for r in loader.load_runs([tmp_path / "obs"]).events.to_pylist()
+               if r["event"] == "recorder_gap"]
+    assert reasons == ["oversized_batch"]
+
+
+def test_a_frame_under_the_limit_is_applied(tmp_path: Path) -> None:
+    """Negative twin: the size limit drops nothing vLLM could send (100k hashes, 900 KB)."""
+    lis = _listener(tmp_path)
+    lis.on_frames([b"", _seq(0), _giant_payload(100_000)], 1000 * 10**9)
+    summary = lis.close(1001 * 10**9)
+    assert summary["oversized_frames"] == 0 and summary["blocks_stored"] == 100_000
+
+
+def test_a_giant_frame_on_the_socket_is_never_copied_into_python(tmp_path: Path) -> None:
+    """The receive loop keeps only the size of an oversized payload (real ZeroMQ sockets)."""
+    import zmq
+
+    from kvclaims.recorder import kv_events as kv
+
+    port = _free_port()
+    src = kv.ZmqSource(f"tcp://127.0.0.1:{port}", bind=True)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        pub.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.5)
+        pub.send_multipart([b"", _seq(0), b"\x00" * (20 * 1024 * 1024)])
+        pub.send_multipart([b"", _seq(1), GOOD])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += src.get(0.2)
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+        src.close()
+    assert len(got) == 2 and isinstance(got[0][0][2], kv.Oversized)
+    assert got[1][0][2] == GOOD and src.oversized == 1 and src.pending_bytes == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ANY_ADDRESS = ["tcp://*:5557", "tcp://0:5557", "tcp://0.0.0.0:5557", "tcp://0.0.0.00:5557",
+               "tcp://[::ffff:0.0.0.0]:5557", "tcp://[::]:5557", "tcp://:::5557",
+               "tcp://eth0:5557", "tcp://lo:5557", "tcp://10.1.2.3:5557",
+               "tcp://no-such-host.invalid:5557"]
+
+
+@pytest.mark.parametrize("endpoint", ANY_ADDRESS)
+def test_binding_beyond_loopback_is_refused_without_allow_remote(endpoint: str) -> None:
+    from kvclaims.recorder import kv_events as kv
+
+    with pytest.raises(kv.InputError, match="--allow-remote"):
+        kv.check_endpoint(endpoint, bind=True)
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5557", "tcp://127.1.2.3:5557",
+                                      "tcp://[::1]:5557", "tcp://localhost:5557"])
+def test_binding_loopback_is_allowed(endpoint: str) -> None:
+    from kvclaims.recorder import kv_events as kv
+
+    assert kv.check_endpoint(endpoint, bind=True) == endpoint
+
+
+def test_allow_remote_binds_every_interface_when_asked() -> None:
+    from kvclaims.recorder import kv_events as kv
+
+    assert kv.check_endpoint("tcp://0:5557", bind=True, allow_remote=True) == "tcp://0:5557"
+
+
+def test_the_cli_refuses_an_any_address_spelling_in_one_line(tmp_path: Path) -> None:
+    rc, _o, err = run_cli(["listen", "--bind", "--endpoint", "tcp://0.0.0.00:5557",
+                           "--out", str(tmp_path / "r")])
+    assert rc == 2 and err.count("\n") == 1 and "--allow-remote" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_bound_ipc_socket_is_private_to_its_user(tmp_path: Path) -> None:
+    from kvclaims.recorder import kv_events as kv
+
+    path = tmp_path / "kv.sock"
+    src = kv.ZmqSource(f"ipc://{path}", bind=True)
+    try:
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        src.close()
+
+
+def test_sigint_stops_the_listener_within_a_second_under_a_flood_of_large_frames(
+        tmp_path: Path) -> None:
+    import zmq
+
+    port = _free_port()
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvclaims.cli", "listen", "--bind",
+                             "--endpoint", f"tcp://127.0.0.1:{port}", "--out", str(run)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "manifest.json").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "listener did not start"
+            time.sleep(0.05)
+        pub.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(1.0)
+        big = _giant_payload(110_000)   # 0.99 MB: just under the limit, valid, slow to apply
+        assert len(big) < 1024 * 1024
+        for n in range(40):
+            pub.send_multipart([b"", _seq(n), big])
+        time.sleep(2.0)   # the listener is now busy applying the backlog
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while line and not line.startswith("stopping"):
+            line = proc.stderr.readline()
+        took = time.monotonic() - sent
+        _o, err = proc.communicate(timeout=120)
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+        if proc.poll() is None:
+            proc.kill()
+    m = json.loads((run / "manifest.json").read_text())
+    assert proc.returncode == 0 and m["complete"], err
+    # NOTE: the loop stops within one frame's work; closing (writing what was applied,
+    # sealing) follows and takes as long as the run is large
+    print(f"stopped {took:.2f} s after SIGINT")
+    assert took < 1.5, f"took {took:.1f} s to stop: {err}"
+    assert m["kv_events"]["batches"] < 40 or m["listener_unapplied_at_stop"] == 0
