@@ -212,7 +212,9 @@ def _fingerprint(run: Any) -> dict[str, Any]:
     """What a run directory holds now (manifest bytes, each segment's size and mtime)."""
     from kvclaims.recorder.trace_writer import MANIFEST_NAME
 
-    manifest = (run.path / MANIFEST_NAME).read_bytes()
+    from kvclaims.reconstruct.loader import read_small_file
+
+    manifest = read_small_file(run.path / MANIFEST_NAME, 64 * 1024 * 1024, "manifest")
     return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),
             "segments": [[s.name, s.stat().st_size, s.stat().st_mtime_ns]
                          for s in run.segments]}
@@ -221,12 +223,14 @@ def _fingerprint(run: Any) -> dict[str, Any]:
 def _fresh_tables(runs: Sequence[Any], code: str) -> list[str] | None:
     """The table names every run's ``reconstructed/`` holds for exactly its current inputs and
     this code, or None when any run must be reconstructed."""
+    from kvclaims.reconstruct.loader import read_small_file
+
     names: list[str] | None = None
     for run in runs:
         stamp_path = run.path / RECONSTRUCTED_DIR / STAMP_NAME
         try:
-            stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            stamp = json.loads(read_small_file(stamp_path, 1024 * 1024, "stamp"))
+        except (OSError, ValueError, InputError):   # NOTE: a FIFO too: rebuild, never wait
             return None
         if (not isinstance(stamp, dict) or stamp.get("code") != code
                 or stamp.get("inputs") != _fingerprint(run) or stamp.get("run_id") != run.run_id):

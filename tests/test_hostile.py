@@ -447,3 +447,89 @@ def test_sigint_stops_the_listener_within_a_second_under_a_flood_of_large_frames
     print(f"stopped {took:.2f} s after SIGINT")
     assert took < 1.5, f"took {took:.1f} s to stop: {err}"
     assert m["kv_events"]["batches"] < 40 or m["listener_unapplied_at_stop"] == 0
+
+
+# -- readers that cannot hang -----------------------------------------------------------------
+
+def segment_run(dest: Path) -> Path:
+    """A copy of the shipped multi-tenant run read from its segments (no sealed copy)."""
+    shutil.copytree(ROOT / "traces" / "multi_tenant", dest,
+                    ignore=shutil.ignore_patterns("reconstructed", SEALED_NAME))
+    return dest
+
+
+def _fifo_in_place_of(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("command", [["reconstruct", "--out", "OUT"], ["explain", "--tenant",
+                                                                       "tenant-a"]])
+def test_a_fifo_in_place_of_a_segment_is_refused_at_once(tmp_path: Path,
+                                                        command: list[str]) -> None:
+    run = segment_run(tmp_path / "run")
+    _fifo_in_place_of(run / "events-000000.arrows")
+    args = [command[0], str(run)] + [str(tmp_path / "o") if a == "OUT" else a
+                                     for a in command[1:]]
+    rc, _o, err = run_cli(args, seconds=120)
+    assert rc == 2 and "not a regular file" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "claims.jsonl", "capture.bin", "in.jsonl"])
+def test_a_fifo_given_as_any_input_file_is_refused_at_once(tmp_path: Path, name: str) -> None:
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    if name == "manifest.json":
+        args = ["export", str(tmp_path), "--format", "jsonl"]
+    elif name == "claims.jsonl":
+        args = ["listen", "--endpoint", f"tcp://127.0.0.1:{_free_port()}", "--claims",
+                str(fifo), "--out", str(tmp_path / "r")]
+    elif name == "capture.bin":
+        args = ["import", str(fifo), "--from", "vllm-kv-events", "--out", str(tmp_path / "r")]
+    else:
+        args = ["import", str(fifo), "--out", str(tmp_path / "r")]
+    rc, _o, err = run_cli(args, seconds=60)
+    assert rc == 2 and err.count("\n") == 1, err
+
+
+def test_a_fifo_in_place_of_a_reconstructed_stamp_rebuilds_instead_of_waiting(
+        tmp_path: Path) -> None:
+    run = segment_run(tmp_path / "run")
+    assert run_cli(["reconstruct", str(run)], seconds=300)[0] == 0
+    stamp = run / "reconstructed" / "_kvclaims_stamp.json"
+    assert stamp.is_file()
+    _fifo_in_place_of(stamp)
+    rc, _o, err = run_cli(["query", "claim_outcomes", str(run), "--format", "csv"],
+                          seconds=300)
+    assert rc == 0, err
+
+
+def test_the_segment_itself_is_read_when_it_is_a_regular_file(tmp_path: Path) -> None:
+    """Negative twin of the FIFO tests: the same run, untouched, reads (exit 0)."""
+    rc, _o, err = run_cli(["export", str(segment_run(tmp_path / "run")), "--format", "jsonl"])
+    assert rc == 0 and err == ""
+
+
+def test_one_byte_after_the_end_of_stream_marker_is_exit_3_with_the_reason(
+        tmp_path: Path) -> None:
+    run = segment_run(tmp_path / "run")
+    seg = run / "events-000000.arrows"
+    rc0, out0, _ = run_cli(["export", str(run), "--format", "jsonl"])
+    with open(seg, "ab") as fh:
+        fh.write(b"\x00")
+    rc, out, err = run_cli(["export", str(run), "--format", "jsonl"])
+    assert rc0 == 0 and rc == 3 and out == out0
+    assert "garbage after end of stream" in err and "partial result" in err
+    assert "no events lost" not in err
+
+
+def test_bytes_after_the_end_of_stream_marker_change_no_label_silently(
+        tmp_path: Path) -> None:
+    """The labels a damaged segment could change come with exit 3, never exit 0."""
+    run = segment_run(tmp_path / "run")
+    sql = "SELECT label, count(*) FROM losses GROUP BY ALL ORDER BY ALL"
+    rc0, intact, _ = run_cli(["sql", sql, str(run), "--format", "csv"], seconds=300)
+    with open(run / "events-000000.arrows", "ab") as fh:
+        fh.write(b"\x01")
+    rc, got, err = run_cli(["sql", sql, str(run), "--format", "csv"], seconds=300)
+    assert rc0 == 0 and (rc == 3 or got == intact), err

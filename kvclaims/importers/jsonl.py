@@ -25,7 +25,7 @@ import pyarrow as pa
 from kvclaims.recorder.batches import build_batch
 from kvclaims.recorder.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
                              SchemaError, check_event)
-from kvclaims.recorder.trace_writer import HASH_IMPORTED, RunWriter
+from kvclaims.recorder.trace_writer import HASH_IMPORTED, RunWriter, open_regular
 from kvclaims.reconstruct.loader import iter_batches, range_problem
 
 _FIELDS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
@@ -93,7 +93,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield ``(FILE:LINE, event)`` for every non-blank line, each validated."""
     p = Path(path)
     try:
-        fh = open(p, encoding="utf-8")
+        fh = open(open_regular(p), encoding="utf-8")   # NOTE: a FIFO is refused, not waited on
     except OSError as exc:
         raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
     with fh:
