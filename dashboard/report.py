@@ -206,8 +206,10 @@ def write_report(paths: Sequence[str], out: str,
     if progress:
         progress("report")
     text = build_report(audit)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
+    from kvclaims.io_commands import atomic_output
+
+    with atomic_output(out) as tmp:   # NOTE: a failed write never truncates an older report
+        tmp.write_text(text, encoding="utf-8")
     return out
 
 

@@ -375,9 +375,15 @@ class Audit:
     def close(self) -> None:
         """Close the connection and remove the temporary database (relations from this audit
         stop working)."""
-        self.con.close()
-        if self._cleanup is not None:
-            self._cleanup()
+        import duckdb
+
+        try:
+            self.con.close()
+        except duckdb.Error:
+            pass   # NOTE: interrupted mid-query ("busy"): the folder goes all the same
+        finally:
+            if self._cleanup is not None:
+                self._cleanup()
 
     def __enter__(self) -> Audit:
         return self

@@ -20,10 +20,12 @@ import argparse
 import importlib
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from kvclaims.recorder.schema import InputError
 
@@ -36,6 +38,7 @@ EXIT_BAD_INPUT: Final[int] = 2
 EXIT_PARTIAL: Final[int] = 3
 EXIT_INTERNAL: Final[int] = 4
 EXIT_INTERRUPTED: Final[int] = 130
+EXIT_TERMINATED: Final[int] = 143
 EXIT_BROKEN_PIPE: Final[int] = 141
 
 # A Python exception DuckDB wrapped while scanning one of our readers: its last line names the
@@ -139,6 +142,40 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
+# Signals that reached this command (SIGINT, SIGTERM): they end it with 130 / 143 whatever
+# shape the interruption took on its way out (DuckDB turns one into "Query interrupted").
+_SIGNALLED: list[int] = []
+
+
+def _on_signal(sig: int, _frame: Any) -> None:
+    _SIGNALLED.append(sig)
+    raise KeyboardInterrupt()
+
+
+def _catch_signals() -> None:
+    """SIGINT and SIGTERM (main thread, default handlers only) unwind as ``KeyboardInterrupt``,
+    the interruption DuckDB and every cleanup understand: ``finally`` blocks run (temporary
+    audit databases, half-written outputs) instead of the process vanishing on SIGTERM."""
+    _SIGNALLED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                         (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(sig) in (default, _on_signal):
+            signal.signal(sig, _on_signal)
+
+
+def _signal_status(command: str) -> int | None:
+    """Exit status and line for a command a signal ended, or None."""
+    if not _SIGNALLED:
+        return None
+    if _SIGNALLED[0] == signal.SIGTERM:
+        print(f"kvclaims {command}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    print(f"kvclaims {command}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each subcommand sets ``func(args) -> int`` on its parser.
 
@@ -150,15 +187,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = getattr(args, "command", "?")
     loader.take_reported_holes()  # NOTE: count only this command's holes
+    _catch_signals()
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except KeyboardInterrupt:
+        status_ = _signal_status(command)
+        if status_ is not None:
+            return status_
         print(f"kvclaims {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (Exception, MemoryError, RecursionError) as exc:  # noqa: BLE001 - the CLI door
+        status_ = _signal_status(command)
+        if status_ is not None:
+            return status_
         status, line = describe_error(exc)
         if args.debug:
             traceback.print_exc()

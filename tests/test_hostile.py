@@ -533,3 +533,192 @@ def test_bytes_after_the_end_of_stream_marker_change_no_label_silently(
         fh.write(b"\x01")
     rc, got, err = run_cli(["sql", sql, str(run), "--format", "csv"], seconds=300)
     assert rc0 == 0 and (rc == 3 or got == intact), err
+
+
+# -- the dashboard's websocket ------------------------------------------------------------------
+
+def _upgrade(port: int, host: str, origin: str) -> str:
+    """The status line of a websocket upgrade to the dashboard with these headers."""
+    import base64
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall((f"GET /_stcore/stream HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   f"Sec-WebSocket-Version: 13\r\nOrigin: {origin}\r\n\r\n").encode())
+        data = s.recv(4096).decode(errors="replace")
+    return data.splitlines()[0] if data else "(closed)"
+
+
+@pytest.fixture(scope="module")
+def dashboard_port() -> Iterator[int]:
+    """A real ``kvclaims dashboard`` (Streamlit) on a free loopback port."""
+    import urllib.request
+
+    pytest.importorskip("streamlit")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvclaims.cli", "dashboard",
+                             str(ROOT / "traces" / "multi_tenant"), "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "no dashboard"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health",
+                                            timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_dns_rebinding_host_is_refused_by_the_dashboards_websocket(
+        dashboard_port: int) -> None:
+    host = f"rebind.example:{dashboard_port}"
+    assert "403" in _upgrade(dashboard_port, host, f"http://{host}")
+
+
+def test_a_foreign_origin_is_refused_by_the_dashboards_websocket(dashboard_port: int) -> None:
+    host = f"127.0.0.1:{dashboard_port}"
+    assert "403" in _upgrade(dashboard_port, host, "http://attacker.example")
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost"])
+def test_the_dashboards_own_loopback_page_is_accepted(dashboard_port: int, name: str) -> None:
+    """Negative twin: the browser on this machine still reaches the dashboard."""
+    host = f"{name}:{dashboard_port}"
+    assert "101" in _upgrade(dashboard_port, host, f"http://{host}")
+
+
+def test_the_dashboard_never_accepts_any_host() -> None:
+    from kvclaims.dashboard.commands import allowed_hosts, streamlit_command
+
+    assert allowed_hosts("0.0.0.0") == ["localhost", "127.0.0.1", "::1"]
+    assert allowed_hosts("10.0.0.5", ["audit.example"])[-2:] == ["10.0.0.5", "audit.example"]
+    cmd = streamlit_command([], 8501, "127.0.0.1")
+    assert cmd[cmd.index("--server.enableXsrfProtection") + 1] == "true"
+    rc, _o, err = run_cli(["dashboard", "--allowed-host", "*"])
+    assert rc == 2 and "--allowed-host" in err
+
+
+# -- sql bounds, atomic outputs, temporary folders, typed manifests ------------------------------
+
+def test_sql_stops_a_query_at_its_timeout_in_one_line(tmp_path: Path) -> None:
+    run = sealed_run(tmp_path / "run")
+    started = time.monotonic()
+    rc, _o, err = run_cli(["sql", "SELECT count(*) FROM range(1000000000000) t(x) "
+                           "WHERE x % 7 = 3", str(run), "--timeout", "1"], seconds=300)
+    assert rc == 2 and "--timeout 1 s" in err and err.count("\n") == 1
+    assert time.monotonic() - started < 120
+
+
+def test_sql_within_its_timeout_answers(tmp_path: Path) -> None:
+    rc, out, _e = run_cli(["sql", "SELECT 40 + 2 AS x", str(sealed_run(tmp_path / "run")),
+                           "--timeout", "60", "--format", "csv"], seconds=300)
+    assert rc == 0 and out == "x\n42\n"
+
+
+def test_a_result_over_max_bytes_is_refused_in_one_line(tmp_path: Path) -> None:
+    rc, _o, err = run_cli(["sql", "SELECT repeat('x', 3000000) AS s", str(sealed_run(
+        tmp_path / "run")), "--max-bytes", "1000000"], seconds=300)
+    assert rc == 2 and "--max-bytes" in err and err.count("\n") == 1
+
+
+def test_a_result_over_max_rows_is_refused_and_one_under_it_is_not(tmp_path: Path) -> None:
+    run = sealed_run(tmp_path / "run")
+    sql = "SELECT * FROM range(5000)"
+    rc, _o, err = run_cli(["sql", sql, str(run), "--max-rows", "4999"], seconds=300)
+    assert rc == 2 and "--max-rows" in err
+    rc, out, _e = run_cli(["sql", sql, str(run), "--max-rows", "5000", "--format", "csv"],
+                          seconds=300)
+    assert rc == 0 and len(out.splitlines()) == 5001
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_failed_query_never_truncates_an_existing_out_file(tmp_path: Path, fmt: str) -> None:
+    run = sealed_run(tmp_path / "run")
+    out = tmp_path / f"result.{fmt}"
+    out.write_bytes(b"precious")
+    rc, _o, err = run_cli(["sql", "SELECT error('boom') FROM events", str(run), "--format",
+                           fmt, "--out", str(out)], seconds=300)
+    assert rc == 2 and out.read_bytes() == b"precious", err
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_successful_query_replaces_the_out_file(tmp_path: Path) -> None:
+    """Negative twin: the atomic write does write."""
+    out = tmp_path / "result.csv"
+    out.write_bytes(b"old")
+    rc, _o, _e = run_cli(["sql", "SELECT 1 AS one", str(sealed_run(tmp_path / "run")),
+                          "--format", "csv", "--out", str(out)], seconds=300)
+    assert rc == 0 and out.read_text() == "one\n1\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_temporary_audit_folders_are_removed_on_a_signal(tmp_path: Path, sig: int) -> None:
+    run = sealed_run(tmp_path / "run")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvclaims.cli", "sql",
+                             "SELECT count(*) FROM range(1000000000000) t(x) WHERE x % 7 = 3",
+                             str(run), "--timeout", "600"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(temp.glob("kvclaims-audit-*")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(3.0)   # the query is running
+        proc.send_signal(sig)
+        _o, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (130, 143) and "Traceback" not in err, err
+    assert list(temp.glob("kvclaims-audit-*")) == []
+
+
+def test_a_killed_audits_folder_is_removed_by_the_next_audit(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught: the next audit removes the folder of a dead process, and
+    never one of a live process."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = tmp_path / f"kvclaims-audit-{dead}-abc123"
+    live = tmp_path / f"kvclaims-audit-{os.getpid()}-def456"
+    stale.mkdir()
+    live.mkdir()
+    assert core.remove_stale_databases(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize("key,value", [
+    ("clock", "2026-01-01"), ("clock", {"utc_ns": "soon"}), ("clock", {"monotonic_ns": -5}),
+    ("clock", {"host": 7}), ("lowering", ["enforced"]), ("lowering", {"hard_protected": 1}),
+    ("lowering", {"hard_protected": {"verdict": 3}}),
+    ("lowering", {"hard_protected": {"verdict": "enforced", "evidence": []}}),
+    ("sealed", {"file": "events.parquet", "events": 1, "sha256": "abc"}),
+    ("sealed", "events.parquet")])
+def test_a_wrong_typed_manifest_value_is_refused_in_one_line(
+        tmp_path: Path, key: str, value: Any) -> None:
+    run = segment_run(tmp_path / "run")
+    m = json.loads((run / "manifest.json").read_text())
+    m[key] = value
+    (run / "manifest.json").write_text(json.dumps(m))
+    rc, _o, err = run_cli(["export", str(run), "--format", "jsonl"])
+    assert rc == 2 and f"'{key}'" in err and err.count("\n") == 1, err
+
+
+def test_well_typed_clock_and_lowering_values_are_accepted(tmp_path: Path) -> None:
+    """Negative twin: what the recorder writes passes the type checks."""
+    run = segment_run(tmp_path / "run")
+    m = json.loads((run / "manifest.json").read_text())
+    assert isinstance(m["clock"], dict) and isinstance(m["lowering"], dict)
+    assert run_cli(["export", str(run), "--format", "jsonl"])[0] == 0
