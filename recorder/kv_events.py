@@ -162,14 +162,15 @@ def _brief(value: Any) -> str:
 
 def _event(raw: Any) -> KVEvent:
     if isinstance(raw, dict):
-        kind = _KINDS.get(raw.get("type"))  # type: ignore[arg-type]
+        tag = raw.get("type")
+        kind = _KINDS.get(tag) if isinstance(tag, str) else None
         if kind is None:
-            raise KVEventsError(f"unknown KV event type {raw.get('type')!r}")
+            raise KVEventsError(f"unknown KV event type {_brief(tag)}")
         get = raw.get
     elif isinstance(raw, list) and raw and isinstance(raw[0], str):
         kind = _KINDS.get(raw[0])
         if kind is None:
-            raise KVEventsError(f"unknown KV event type {raw[0]!r}")
+            raise KVEventsError(f"unknown KV event type {_brief(raw[0])}")
         fields = dict(zip(_POSITIONAL[kind], raw[1:]))
         get = fields.get
     else:
@@ -221,7 +222,12 @@ def decode_batch(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
                             f"in 0..{MAX_TS_S:g}")
     rank = _opt_int(rank if not isinstance(rank, bool) else -1, "data_parallel_rank", 0,
                     2**31 - 1)
-    decoded = [_event(e) for e in events]
+    try:
+        decoded = [_event(e) for e in events]
+    except (TypeError, ValueError, OverflowError, KeyError) as exc:
+        # NOTE: the checks above name each field; this is the net under them: a shape
+        # nobody foresaw is a malformed batch (a gap), never an exception in the listener
+        raise KVEventsError(f"malformed KV event: {type(exc).__name__}: {exc}"[:200]) from None
     if sum(len(e[1]) for e in decoded) > MAX_BATCH_HASHES:
         raise KVEventsError(f"more than {MAX_BATCH_HASHES} block hashes in one batch")
     return float(ts), decoded, rank
