@@ -387,8 +387,10 @@ def _check_fields(obj: Any, fields: dict[str, tuple[type, tuple[int, int] | None
         val = obj.get(key)
         if val is None:
             continue
-        if typ is int and (not _is_int(val) or not bounds[0] <= val <= bounds[1]):  # type: ignore[index]
-            lo, hi = bounds  # type: ignore[misc]
+        if typ is int:
+            lo, hi = bounds if bounds is not None else _INT64
+            if _is_int(val) and lo <= val <= hi:
+                continue
             raise TraceError(f"{what}.{key} is {_short(val)}, expected an integer in "
                              f"{lo}..{hi} or null")
         if typ is str and (not isinstance(val, str) or not _utf8(val)):
