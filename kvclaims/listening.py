@@ -108,6 +108,11 @@ def cmd_listen(args: argparse.Namespace) -> int:
     rank = args.data_parallel_rank
     endpoint = kv.check_endpoint(args.endpoint, bind=args.bind, rank=rank,
                                  allow_remote=args.allow_remote)
+    if args.allow_remote and args.bind and endpoint.startswith("tcp://"):
+        problem = kv.loopback_problem(endpoint[len("tcp://"):].rpartition(":")[0])
+        if problem is not None:
+            print(f"kvclaims listen: warning: --allow-remote: {problem}; anyone who can reach "
+                  "it can publish forged events (docs/stock-vllm.md)", file=sys.stderr)
     max_frame = kv.MAX_FRAME_BYTES if args.max_frame_bytes is None else args.max_frame_bytes
     if max_frame < 1024:
         raise InputError("--max-frame-bytes must be >= 1024")
@@ -126,6 +131,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
                           allow_remote=args.allow_remote)
     replay = kv.ReplayClient(replay_ep) if replay_ep else None
     capture = None
+    previous: dict[int, Any] = {}
     try:
         capture = kv.open_capture(args.capture) if args.capture else None
         info = kv.run_info(args.run_id or args.out.name, model=args.model,
@@ -140,7 +146,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
         listener.max_frame_bytes = max_frame
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
         _say(args, f"listening on {endpoint}"
                    f"{' (bound)' if args.bind else ''} -> {args.out} (evidence: observed)")
         leftover = _loop(listener, source, stop, args)
@@ -152,6 +158,8 @@ def cmd_listen(args: argparse.Namespace) -> int:
         summary = listener.close(time.time_ns(), {"listener_overflow": source.overflow,
                                                   "listener_unapplied_at_stop": left})
     finally:
+        for sig, handler in previous.items():   # NOTE: an in-process caller keeps its own
+            signal.signal(sig, handler)
         if capture is not None:
             capture.close()
         if replay is not None:

@@ -722,3 +722,11 @@ def test_well_typed_clock_and_lowering_values_are_accepted(tmp_path: Path) -> No
     m = json.loads((run / "manifest.json").read_text())
     assert isinstance(m["clock"], dict) and isinstance(m["lowering"], dict)
     assert run_cli(["export", str(run), "--format", "jsonl"])[0] == 0
+
+
+def test_allow_remote_binds_beyond_loopback_with_a_warning(tmp_path: Path) -> None:
+    rc, _o, err = run_cli(["listen", "--bind", "--allow-remote", "--endpoint",
+                           f"tcp://0:{_free_port()}", "--duration", "0.5", "--quiet",
+                           "--out", str(tmp_path / "r")], seconds=120)
+    assert rc == 0 and "warning: --allow-remote" in err and "every interface" in err
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["complete"]
