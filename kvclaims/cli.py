@@ -11,7 +11,8 @@ Exit status (docs/guarantees.md): 0 ok; 1 a check failed (e.g. conformance); 2 b
 path, option or environment (one line on stderr naming the file and what is wrong); 3 the
 result is partial: the input had holes (damaged, cut or missing events), reported on stderr;
 4 an internal error (a bug: the line says so; ``--debug`` shows the traceback); 130
-interrupted (Ctrl-C); 141 stdout closed early (e.g. piped to ``head``).
+interrupted (Ctrl-C); 141 stdout closed early (e.g. piped to ``head``); 143 terminated
+(SIGTERM). Both signals unwind, so temporary folders and half-written outputs are removed.
 """
 
 from __future__ import annotations
