@@ -73,7 +73,7 @@ CLOCK_GRACE_NS: Final[int] = 2_000_000_000
 # Bounds on what one frame may make the listener do (docs/stock-vllm.md "Hostile publishers").
 # NOTE: vLLM's largest real batch is one step's new blocks (a step of 128k prefill tokens is
 # 8k hashes, ~80 KB of msgpack): 1 MiB (~116k hashes) leaves an order of magnitude of room
-# and bounds one frame's work (and so how long a stop waits for it) to well under a second.
+# and bounds one frame's work (and so how long a stop waits for it).
 MAX_FRAME_BYTES: Final[int] = 1024 * 1024           # a payload larger is dropped and counted
 MAX_BATCH_HASHES: Final[int] = 1 << 20              # block hashes in one batch, all events
 MAX_LIVE_COPIES: Final[int] = 1 << 24               # cached copies tracked (block ids < 2^30)

@@ -402,6 +402,15 @@ def test_a_bound_ipc_socket_is_private_to_its_user(tmp_path: Path) -> None:
         src.close()
 
 
+def _one_frame_seconds(tmp: Path, payload: bytes) -> float:
+    """How long this machine, now, takes to apply one frame (decode, translate, write)."""
+    lis = _listener(tmp / "calibrate")
+    started = time.monotonic()
+    lis.on_frames([b"", _seq(0), payload], 1000 * 10**9)
+    lis.run.flush()
+    return time.monotonic() - started
+
+
 def test_sigint_stops_the_listener_within_a_second_under_a_flood_of_large_frames(
         tmp_path: Path) -> None:
     import zmq
@@ -442,10 +451,12 @@ def test_sigint_stops_the_listener_within_a_second_under_a_flood_of_large_frames
             proc.kill()
     m = json.loads((run / "manifest.json").read_text())
     assert proc.returncode == 0 and m["complete"], err
-    # NOTE: the loop stops within one frame's work; closing (writing what was applied,
-    # sealing) follows and takes as long as the run is large
-    print(f"stopped {took:.2f} s after SIGINT")
-    assert took < 1.5, f"took {took:.1f} s to stop: {err}"
+    # NOTE: the loop stops within one frame's work (about 0.3 s on an idle machine at the
+    # default limit; closing and sealing follow); on a loaded machine one frame's work is
+    # longer, so the bound is a second or twice one frame's work measured here, if longer
+    frame_s = _one_frame_seconds(tmp_path, big)
+    print(f"stopped {took:.2f} s after SIGINT (one frame: {frame_s:.2f} s)")
+    assert took < max(1.0, 2 * frame_s), f"took {took:.1f} s to stop: {err}"
     assert m["kv_events"]["batches"] < 40 or m["listener_unapplied_at_stop"] == 0
 
 
