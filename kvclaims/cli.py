@@ -148,29 +148,36 @@ def _quiet_broken_pipe() -> int:
 _SIGNALLED: list[int] = []
 
 
-def _on_signal(sig: int, _frame: Any) -> None:
+def _on_sigterm(sig: int, _frame: Any) -> None:
     _SIGNALLED.append(sig)
-    raise KeyboardInterrupt()
+    signal.raise_signal(signal.SIGINT)
 
 
 def _catch_signals() -> None:
-    """SIGINT and SIGTERM (main thread, default handlers only) unwind as ``KeyboardInterrupt``,
-    the interruption DuckDB and every cleanup understand: ``finally`` blocks run (temporary
-    audit databases, half-written outputs) instead of the process vanishing on SIGTERM."""
+    """SIGTERM (main thread, default handler only) is turned into SIGINT, the interruption
+    DuckDB and every cleanup understand: ``finally`` blocks run (temporary audit databases,
+    half-written outputs) instead of the process vanishing.
+
+    NOTE: SIGINT keeps Python's own handler: DuckDB interrupts a running query cleanly only
+    under it (with another handler an interrupt inside a scan of Python data can deadlock).
+    """
     _SIGNALLED.clear()
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig, default in ((signal.SIGINT, signal.default_int_handler),
-                         (signal.SIGTERM, signal.SIG_DFL)):
-        if signal.getsignal(sig) in (default, _on_signal):
-            signal.signal(sig, _on_signal)
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_sigterm):
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _signal_status(command: str) -> int | None:
+def _interrupted(exc: BaseException) -> bool:
+    """DuckDB's shapes of a Ctrl-C that reached a running query."""
+    return (isinstance(exc, RuntimeError) and str(exc).strip() == "Query interrupted") or \
+        type(exc).__name__ == "InterruptException"
+
+
+def _signal_status(command: str, exc: BaseException | None = None) -> int | None:
     """Exit status and line for a command a signal ended, or None."""
-    if not _SIGNALLED:
+    if not _SIGNALLED and not (exc is not None and _interrupted(exc)):
         return None
-    if _SIGNALLED[0] == signal.SIGTERM:
+    if _SIGNALLED and _SIGNALLED[0] == signal.SIGTERM:
         print(f"kvclaims {command}: terminated", file=sys.stderr)
         return EXIT_TERMINATED
     print(f"kvclaims {command}: interrupted", file=sys.stderr)
@@ -201,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvclaims {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (Exception, MemoryError, RecursionError) as exc:  # noqa: BLE001 - the CLI door
-        status_ = _signal_status(command)
+        status_ = _signal_status(command, exc)
         if status_ is not None:
             return status_
         status, line = describe_error(exc)

@@ -375,7 +375,7 @@ def emit(rel: Any, args: argparse.Namespace, *, title: str, con: Any = None,
         else:
             names = list(rel.columns)
             rows = rel.fetchall()
-    except duckdb.InterruptException:
+    except QueryTimeout:
         raise InputError(f"the query ran longer than --timeout {timeout:g} s and was stopped; "
                          "narrow it or give a larger --timeout") from None
     except duckdb.Error as exc:
@@ -387,6 +387,10 @@ def emit(rel: Any, args: argparse.Namespace, *, title: str, con: Any = None,
     else:
         text = format_table(names, rows, title=title, drop_null_columns=True)
     _write(args.out, text)
+
+
+class QueryTimeout(Exception):
+    """The query passed its ``--timeout`` and was interrupted."""
 
 
 def run_bounded(con: Any, seconds: float | None, work: Callable[[], Any]) -> Any:
@@ -417,10 +421,21 @@ def run_bounded(con: Any, seconds: float | None, work: Callable[[], Any]) -> Any
             if deadline is not None and time.monotonic() >= deadline:
                 con.interrupt()   # NOTE: again each slice: a fetch between queries misses one
     except BaseException:
-        con.interrupt()
-        worker.join(10.0)
+        # NOTE: again and again until the worker ends: one interrupt sent before DuckDB has
+        # registered the query is lost, and a worker left running at exit aborts the process
+        until = time.monotonic() + 10.0
+        while worker.is_alive() and time.monotonic() < until:
+            con.interrupt()
+            worker.join(0.05)
         raise
     if "error" in box:
+        import duckdb
+
+        if isinstance(box["error"], duckdb.InterruptException):
+            # NOTE: past the deadline it is the timeout; before it, a Ctrl-C reached DuckDB
+            if deadline is None or time.monotonic() < deadline:
+                raise KeyboardInterrupt
+            raise QueryTimeout() from None
         raise box["error"]
     return box["result"]
 
