@@ -16,6 +16,9 @@ from kvclaims.progress import Progress
 
 APP = Path(__file__).resolve().parent / "app.py"
 LOCAL = "127.0.0.1"
+# Host headers the dashboard answers by default (its websocket refuses any other): a page on
+# another name that resolves to this machine (DNS rebinding) cannot reach the audit.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--host", default=LOCAL,
                    help="address to listen on (default 127.0.0.1; anything else exposes the "
                         "unauthenticated dashboard to that network)")
+    d.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also accept this name in the browser's Host header (repeatable; "
+                        "default: localhost, 127.0.0.1, ::1 and --host). Every other Host "
+                        "is refused (DNS rebinding)")
     d.set_defaults(func=_dashboard)
 
     r = sub.add_parser(
@@ -54,17 +61,34 @@ def _port(text: str) -> int:
     return port
 
 
-def streamlit_command(paths: list[str], port: int, host: str) -> list[str]:
+def allowed_hosts(host: str, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The Host header names the dashboard's websocket accepts: loopback names, the address
+    it listens on (unless every interface), and ``extra``; never ``*``."""
+    names = list(LOOPBACK_NAMES)
+    for name in [host, *extra]:
+        name = name.strip().lower().strip("[]")
+        if name and name not in ("0.0.0.0", "::", "*") and name not in names:
+            names.append(name)
+    return names
+
+
+def streamlit_command(paths: list[str], port: int, host: str,
+                      extra_hosts: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The ``streamlit run`` command line the dashboard is served with.
 
     NOTE: the safety settings are flags, not only ``.streamlit/config.toml`` (read from the
-    working directory), so they hold wherever ``kvclaims dashboard`` is started.
+    working directory), so they hold wherever ``kvclaims dashboard`` is started. The
+    websocket checks the Host header against ``allowed_hosts`` and the Origin against the
+    Host (Streamlit's CORS and XSRF protection stay on).
     """
+    hosts = [a for name in allowed_hosts(host, extra_hosts)
+             for a in ("--server.allowedHosts", name)]
     return [sys.executable, "-m", "streamlit", "run", str(APP),
             "--server.address", host, "--server.port", str(port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--client.showErrorDetails", "none", "--client.toolbarMode", "viewer",
-            "--", *paths]
+            "--server.enableCORS", "true", "--server.enableXsrfProtection", "true",
+            *hosts, "--", *paths]
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -77,7 +101,10 @@ def _dashboard(args: argparse.Namespace) -> int:
     print(f"kvclaims dashboard: http://{args.host}:{args.port}/ (Ctrl-C to stop)",
           file=sys.stderr)
     env = dict(os.environ)
-    command = streamlit_command(list(args.paths), args.port, args.host)
+    if any(h.strip() in ("*", "") for h in args.allowed_host):
+        raise InputError("--allowed-host needs a host name ('*' would accept any page that "
+                         "resolves to this machine)")
+    command = streamlit_command(list(args.paths), args.port, args.host, args.allowed_host)
     # NOTE: the server replaces this process (exec), it is not its child: a SIGTERM sent to
     # `kvclaims dashboard` (a service manager, a test) then stops the server itself instead
     # of leaving it running, orphaned

@@ -26,6 +26,7 @@ import pandas as pd
 
 from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, LABEL, LABEL_SEVERITY, REQUEST_OUTCOME,
                                           VERDICT)
+from kvclaims.contract.trace_writer import atomic_output
 from kvclaims.dashboard import charts, data
 
 #: Timelines drawn at most (runs with harm, refusals or failing checks first).
@@ -347,8 +348,8 @@ def write_report(paths: Sequence[str], out: str,
     if progress:
         progress("report")
     text = build_report(audit)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
+    with atomic_output(out) as tmp:   # NOTE: a failed write never truncates an older report
+        tmp.write_text(text, encoding="utf-8")
     return out
 
 

@@ -34,10 +34,10 @@ from kvclaims import queries
 from kvclaims.contract.clock import Clock, clock_anchor, clock_table
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import TABLE_NAMES
-from kvclaims.contract.trace_writer import MANIFEST_NAME
+from kvclaims.contract.trace_writer import MANIFEST_NAME, file_sha256
 from kvclaims.reconstruct import core, loader
 from kvclaims.reconstruct.core import Tables, write_tables
-from kvclaims.reconstruct.loader import Trace, open_run
+from kvclaims.reconstruct.loader import Trace, open_run, read_small_file
 
 #: Tables the reconstruction builds that the audit shows (besides ``events`` and
 #: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
@@ -148,7 +148,7 @@ def _code_version() -> str:
 def _fingerprint(run: Any) -> dict[str, Any]:
     """What a run directory holds now (manifest bytes, each segment's size and mtime)."""
 
-    manifest = (run.path / MANIFEST_NAME).read_bytes()
+    manifest = read_small_file(run.path / MANIFEST_NAME, 64 * 1024 * 1024, "manifest")
     return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),
             "segments": [[s.name, s.stat().st_size, s.stat().st_mtime_ns]
                          for s in run.segments]}
@@ -161,8 +161,8 @@ def _fresh_tables(runs: Sequence[Any], code: str) -> list[str] | None:
     for run in runs:
         stamp_path = run.path / RECONSTRUCTED_DIR / STAMP_NAME
         try:
-            stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            stamp = json.loads(read_small_file(stamp_path, 1024 * 1024, "stamp"))
+        except (OSError, ValueError, InputError):   # NOTE: a FIFO too: rebuild, never wait
             return None
         if (not isinstance(stamp, dict) or stamp.get("code") != code
                 or stamp.get("inputs") != _fingerprint(run) or stamp.get("run_id") != run.run_id):
@@ -170,11 +170,24 @@ def _fresh_tables(runs: Sequence[Any], code: str) -> list[str] | None:
         tables = stamp.get("tables")
         if not isinstance(tables, list) or (names is not None and tables != names):
             return None
-        if not all(isinstance(t, str) and t.isidentifier()
-                   and (run.path / RECONSTRUCTED_DIR / f"{t}.parquet").is_file() for t in tables):
+        if not all(isinstance(t, str) and t.isidentifier() for t in tables):
             return None
+        if stamp.get("sha256") != _table_digests(run.path / RECONSTRUCTED_DIR, tables):
+            return None   # NOTE: a changed byte anywhere (a footer statistic too): rebuild
         names = tables
     return names
+
+
+def _table_digests(folder: Path, tables: Sequence[str]) -> dict[str, str] | None:
+    """SHA-256 of each ``<table>.parquet`` in ``folder`` (None if any is missing, not a
+    regular file or unreadable): the stamp records them, reuse verifies them."""
+    out = {}
+    for t in tables:
+        try:
+            out[t] = file_sha256(folder / f"{t}.parquet")[0]
+        except OSError:
+            return None
+    return out
 
 
 # -- the audit ----------------------------------------------------------------------------------
@@ -271,8 +284,9 @@ class Audit:
                 continue
             out = run_dir / RECONSTRUCTED_DIR
             self.write(out, run_id=rid)
+            tables = self._reconstructed()
             stamp = {"run_id": rid, "code": code, "inputs": _fingerprint(open_run(run_dir)),
-                     "tables": self._reconstructed()}
+                     "tables": tables, "sha256": _table_digests(out, tables)}
             (out / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
             written[rid] = out
         return written
@@ -288,9 +302,15 @@ class Audit:
     def close(self) -> None:
         """Close the connection and remove the temporary database (relations from this audit
         stop working)."""
-        self.con.close()
-        if self._cleanup is not None:
-            self._cleanup()
+        import duckdb
+
+        try:
+            self.con.close()
+        except duckdb.Error:
+            pass   # NOTE: interrupted mid-query ("busy"): the folder goes all the same
+        finally:
+            if self._cleanup is not None:
+                self._cleanup()
 
     def __enter__(self) -> Audit:
         return self

@@ -475,6 +475,11 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
         info.truncations.extend(run.notes)   # NOTE: warnings (an aliased run id), no hole
         # NOTE: an aliased run is always copied: its sealed file carries the recorded run id
         entry = loader._sealed_entry(run) if run.recorded_run_id is None else None
+        if not loader.sealed_verified(entry):
+            # NOTE: DuckDB prunes row groups by the footer's statistics, which Parquet's page
+            # checksums do not cover: only a file whose whole content was verified against
+            # the manifest is scanned in place; any other run's events are copied
+            entry = None
         state = {"fell_back": False}
 
         def note(msg: str, rid: str = rid) -> None:
@@ -570,7 +575,8 @@ def open_database(*, memory_limit: str | None = None, temp_directory: str | Path
     if memory_limit is not None:
         memory_limit = validate_memory_limit(memory_limit)
     parent = None if temp_directory is None else str(validate_temp_directory(temp_directory))
-    tmp = tempfile.mkdtemp(prefix="kvclaims-audit-", dir=parent)
+    remove_stale_databases(parent)
+    tmp = tempfile.mkdtemp(prefix=f"{AUDIT_PREFIX}{os.getpid()}-", dir=parent)
     try:
         con = duckdb.connect(os.path.join(tmp, "audit.duckdb"))
         configure(con, memory_limit=memory_limit,
@@ -582,10 +588,53 @@ def open_database(*, memory_limit: str | None = None, temp_directory: str | Path
     return con, tmp
 
 
+# Temporary audit databases: ``kvclaims-audit-<pid>-<random>`` (the pid lets a later run
+# remove the folder of a process that was killed before it could).
+AUDIT_PREFIX: Final[str] = "kvclaims-audit-"
+_STALE_RE: Final = re.compile(re.escape(AUDIT_PREFIX) + r"(\d+)-\w+\Z")
+
+
+def remove_stale_databases(parent: str | None) -> list[str]:
+    """Remove ``kvclaims-audit-<pid>-*`` folders (in ``parent``, default the temp dir) whose
+    process is gone (killed with SIGKILL, or a power loss); return what was removed.
+
+    NOTE: only folders this user owns and whose pid no longer exists are touched; a folder
+    of a live process (another audit running now) is never removed.
+    """
+    folder = parent if parent is not None else tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _STALE_RE.match(entry.name)
+        if m is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(m.group(1)), 0)
+            continue   # the process lives
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue   # e.g. EPERM: someone else's live process
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
 def drop_database(con: Any, tmp: str | None) -> None:
-    """Close a connection and remove the temporary database folder made for it, if any."""
+    """Close a connection and remove the temporary database folder made for it, if any.
+
+    NOTE: a connection a signal interrupted mid-query may refuse to close ("busy"); the
+    folder is removed all the same and the signal, not that refusal, is what propagates.
+    """
     try:
         con.close()
+    except duckdb.Error:
+        pass
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

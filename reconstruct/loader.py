@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import mmap
 import os
 import re
 import struct
@@ -38,8 +39,9 @@ from kvclaims.contract.schema import (BLOCK_RANGE, COLUMN_SINCE, VALUE_RANGES, r
                                       ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
                              SCHEMA_VERSION, InputError)
 from kvclaims.contract.trace_writer import (CHECKSUM_SCHEME, HEADER_RECORD_BATCH, HEADER_SCHEMA,
-                                   MANIFEST_NAME, SEALED_NAME, SEGMENT_PREFIX, SEGMENT_SUFFIX,
-                                   batch_group_crc, find_checksum_tag, message_header)
+                                   MANIFEST_NAME, SEALED_CHECKSUM, SEALED_NAME, SEGMENT_PREFIX,
+                                   SEGMENT_SUFFIX, batch_group_crc, file_sha256,
+                                   find_checksum_tag, message_header, open_regular)
 
 _SEGMENT_RE: Final = re.compile(
     re.escape(SEGMENT_PREFIX) + r"(\d{6})" + re.escape(SEGMENT_SUFFIX) + r"\Z")
@@ -61,6 +63,7 @@ class Hole:
     first_seq: int
     last_seq: int | None
     reason: str     # truncated | corrupt_batch | missing_columns | missing_head | missing_tail
+    #                 | damaged (no seq missing: last_seq < first_seq, the file holds foreign bytes)
     message: str
 
 
@@ -321,13 +324,75 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
                                  "non-negative integer or null")
     if not isinstance(manifest.get("complete"), bool):
         raise TraceError(f"{where}: manifest field 'complete' missing or not a boolean")
-    for key in ("clock", "batch_checksum", "hash_scheme"):
+    for key in ("batch_checksum", "hash_scheme"):
         val = manifest.get(key)
-        if key == "clock" and val is not None and not isinstance(val, dict):
-            raise TraceError(f"{where}: manifest field 'clock' must be an object or null")
-        if key != "clock" and val is not None and not isinstance(val, str):
+        if val is not None and not isinstance(val, str):
             raise TraceError(f"{where}: manifest field '{key}' must be a string or null")
+    _check_fields(manifest.get("clock"), _CLOCK_FIELDS, f"{where}: manifest field 'clock'")
+    _check_lowering(manifest.get("lowering"), where)
+    _check_fields(manifest.get("sealed"), _SEALED_FIELDS, f"{where}: manifest field 'sealed'")
     return manifest
+
+
+# Typed sub-objects of a manifest: field -> (type, (lo, hi) for integers). Other fields pass.
+_INT64: Final[tuple[int, int]] = (-(2**63), 2**63 - 1)
+_CLOCK_FIELDS: Final[dict[str, tuple[type, tuple[int, int] | None]]] = {
+    "utc": (str, None), "utc_ns": (int, _INT64), "monotonic_ns": (int, (0, 2**63 - 1)),
+    "ts_ns": (int, (0, 2**63 - 1)), "start_ts_ns": (int, (0, 2**63 - 1)),
+    "anchor_ts_ns": (int, (0, 2**63 - 1)), "host": (str, None), "hostname": (str, None)}
+_SEALED_FIELDS: Final[dict[str, tuple[type, tuple[int, int] | None]]] = {
+    "file": (str, None), "format": (str, None), "events": (int, (0, 2**62)),
+    "bytes": (int, (0, 2**62)), SEALED_CHECKSUM: (str, None)}
+_SHA256_RE: Final = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def _check_fields(obj: Any, fields: dict[str, tuple[type, tuple[int, int] | None]],
+                  what: str) -> None:
+    """An optional manifest object: null, or an object whose known fields have their types.
+
+    NOTE: a wrong-typed value is refused (one line), never read as "no value": a clock given
+    as a string must not silently turn every ``ts`` NULL.
+    """
+    if obj is None:
+        return
+    if not isinstance(obj, dict):
+        raise TraceError(f"{what} is {_short(obj)}, expected an object or null")
+    for key, (typ, bounds) in fields.items():
+        val = obj.get(key)
+        if val is None:
+            continue
+        if typ is int:
+            lo, hi = bounds if bounds is not None else _INT64
+            if _is_int(val) and lo <= val <= hi:
+                continue
+            raise TraceError(f"{what}.{key} is {_short(val)}, expected an integer in "
+                             f"{lo}..{hi} or null")
+        if typ is str and (not isinstance(val, str) or not _utf8(val)):
+            raise TraceError(f"{what}.{key} is {_short(val)}, expected a string or null")
+    digest = obj.get(SEALED_CHECKSUM) if fields is _SEALED_FIELDS else None
+    if digest is not None and not _SHA256_RE.match(digest):
+        raise TraceError(f"{what}.{SEALED_CHECKSUM} is {_short(digest)}, expected 64 lower-case "
+                         "hex digits")
+
+
+def _check_lowering(obj: Any, where: str) -> None:
+    """``lowering``: null, or {mode: {"verdict": str, "evidence": str | null}}."""
+    if obj is None:
+        return
+    what = f"{where}: manifest field 'lowering'"
+    if not isinstance(obj, dict):
+        raise TraceError(f"{what} is {_short(obj)}, expected an object of modes or null")
+    for mode, entry in obj.items():
+        if not isinstance(entry, dict):
+            raise TraceError(f"{what}.{_short(mode)} is {_short(entry)}, expected "
+                             "{verdict, evidence}")
+        verdict, evidence = entry.get("verdict"), entry.get("evidence")
+        if not isinstance(verdict, str) or not _utf8(verdict):
+            raise TraceError(f"{what}.{_short(mode)}.verdict is {_short(verdict)}, expected "
+                             "a string")
+        if evidence is not None and (not isinstance(evidence, str) or not _utf8(evidence)):
+            raise TraceError(f"{what}.{_short(mode)}.evidence is {_short(evidence)}, "
+                             "expected a string or null")
 
 
 def _utf8(text: str) -> bool:
@@ -351,9 +416,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     try:
         if not path.is_file():
             raise TraceError(f"{path}: missing manifest (every run directory has one)")
-        if path.stat().st_size > 64 * 1024 * 1024:
-            raise TraceError(f"{path}: manifest larger than 64 MiB")
-        text = path.read_text(encoding="utf-8")
+        text = read_small_file(path, 64 * 1024 * 1024, "manifest").decode("utf-8")
         manifest = json.loads(text, parse_constant=_reject_constant)
     except TraceError:
         raise
@@ -361,6 +424,20 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
         # NOTE: ValueError covers bad JSON and Python's limit on 4300-digit integers
         raise TraceError(f"{path}: unreadable manifest: {_one_line(exc)}") from None
     return check_manifest(manifest, str(path))
+
+
+def read_small_file(path: Path, limit: int, what: str) -> bytes:
+    """A regular file's bytes, at most ``limit`` (else ``TraceError``); a FIFO or device is
+    refused before anything waits on it (``open_regular``)."""
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the {what}: {_one_line(exc)}") from None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise TraceError(f"{path}: {what} larger than {limit // (1024 * 1024)} MiB")
+    return data
 
 
 def _reject_constant(name: str) -> float:
@@ -544,9 +621,8 @@ def read_segment(path: Path, *, report: Callable[[str], None], expect_checksums:
     name = str(path)
     found = found if found is not None else SegmentRead()
     try:
-        source = pa.memory_map(name, "r")
-        buf = source.read_buffer()
-    except (OSError, pa.ArrowException) as exc:
+        buf = map_regular(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
         raise TraceError(f"{name}: cannot read: {_one_line(exc)}") from None
     view = memoryview(buf)
     scan = scan_stream(view, name)
@@ -599,6 +675,22 @@ def read_segment(path: Path, *, report: Callable[[str], None], expect_checksums:
             how = "no end-of-stream marker, the writer did not close it"
         found.truncation = f"{name}: truncated segment ({how}); kept {kept} complete batches"
         report(found.truncation)
+
+
+def map_regular(path: Path) -> pa.Buffer:
+    """A read-only memory map of a regular file as an Arrow buffer (empty for an empty file).
+
+    NOTE: the descriptor is opened with ``O_NONBLOCK`` and checked before mapping, so a FIFO
+    or device in place of a segment is refused at once instead of blocking the reader.
+    """
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return pa.py_buffer(b"")
+        return pa.py_buffer(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)
 
 
 def _decode_groups(buf: pa.Buffer, scan: StreamScan, groups: list[Group], name: str,
@@ -673,6 +765,9 @@ def _hole(run: RunDir, file: str, first: int, last: int | None, reason: str, why
     span = f"seq {first}" + ("" if last == first else
                              f"..{last}" if last is not None else " onwards")
     msg = f"{file}: {why}: {span} of run {run.run_id!r} cannot be read (a hole: unknown)"
+    if last is not None and last < first:
+        msg = (f"{file}: {why}: every listed event of run {run.run_id!r} was read, but the "
+               "file is damaged (a hole: what follows it is unknown)")
     hole = Hole(run.run_id, file, first, last, reason, msg if report else why)
     _REPORTED.append(hole)
     if on_hole is not None:
@@ -689,6 +784,30 @@ def _sealed_entry(run: RunDir) -> dict[str, Any] | None:
         return None
     path = run.path / SEALED_NAME
     return sealed if path.is_file() else None
+
+
+def sealed_verified(entry: dict[str, Any] | None) -> bool:
+    """Whether a sealed entry carries a content checksum (``read_sealed`` verifies it before
+    the first byte is used). A file sealed before checksums is still read through pyarrow
+    (page checksums, no statistics consulted), but never handed to a reader that prunes by
+    its footer statistics: ``reconstruct.core.stage_events`` copies its events instead."""
+    return entry is not None and isinstance(entry.get(SEALED_CHECKSUM), str)
+
+
+def verify_sealed(path: Path, entry: dict[str, Any]) -> None:
+    """Check the sealed file's size and SHA-256 against the manifest; ``TraceError`` (the
+    caller falls back to the segments) on any difference."""
+    digest, size = file_sha256(path)
+    if _is_int(entry.get("bytes")) and size != entry["bytes"]:
+        raise TraceError(f"{path}: {size} bytes, the manifest says {entry['bytes']}")
+    if digest != entry[SEALED_CHECKSUM]:
+        raise TraceError(f"{path}: content checksum differs from the manifest's (the file "
+                         "changed after sealing)")
+
+
+def open_regular_check(path: Path) -> None:
+    """Raise ``OSError`` unless ``path`` is a regular file (opened without waiting)."""
+    os.close(open_regular(path))
 
 
 def parquet_file(path: str | Path, **options: Any) -> Any:
@@ -711,6 +830,10 @@ def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]
     damaged file (page checksums are verified); ``read_run`` then falls back to the segments.
     """
     path = run.path / SEALED_NAME
+    if sealed_verified(sealed):
+        verify_sealed(path, sealed)
+    else:
+        open_regular_check(path)
     pf = parquet_file(path, page_checksum_verification=True)
     listed = sum(s.get("events") or 0 for s in run.manifest["segments"])
     if pf.metadata.num_rows != sealed["events"] or pf.metadata.num_rows != listed:
@@ -858,9 +981,11 @@ def _read_segments(run: RunDir, report: Callable[[str], None],
                 listed_first if listed_first is not None else 0)
             end = (before - 1) if before is not None else listed_last
             reason = "missing_columns" if found.missing_columns else "corrupt_batch"
-            if end is not None and first > end:  # nothing of the run is missing there
-                report(f"{seg}: {why}; no events lost")
-                continue
+            if end is not None and first > end:
+                # NOTE: every listed event was read, but the file holds bytes kvclaims did not
+                # write (e.g. appended after the end-of-stream marker): damage that marks the
+                # run, so it is a hole (exit 3), never a silent "no events lost"
+                reason = "damaged"
             _hole(run, str(seg), first, end, reason, why, report, on_hole)
         damaged = bool(found.damaged) or bool(truncated)
         if i < len(listed) and not damaged and rows and listed_first is None:

@@ -11,6 +11,13 @@ captured, a wall-clock bound per case) and checks the contract of docs/guarantee
 
 ``KVCLAIMS_FUZZ_CASES`` (default 10000, split across the four families) and
 ``KVCLAIMS_FUZZ_SEED`` scale and vary it; a failure message names the seed and case.
+
+Two more families (issue 26) have their own counts: ``KVCLAIMS_FUZZ_SEALED_CASES`` (default
+200; 10000 takes minutes) mutates the sealed ``events.parquet`` of a run, half the cases in
+its footer (every case exports exactly the original events: the checksum sends a changed
+file to the segments), and ``KVCLAIMS_FUZZ_FRAME_CASES`` (default 10000, a few seconds) feeds
+mutated vLLM KV-event frames to the listener (no exception; every frame is applied or
+counted; the run it writes always reads back).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ CASES = int(os.environ.get("KVCLAIMS_FUZZ_CASES", "10000"))
 SEED = int(os.environ.get("KVCLAIMS_FUZZ_SEED", "0"))
 CASE_SECONDS = 20.0
 SHARES = {"segment": 0.3, "manifest": 0.35, "jsonl": 0.2, "prototype": 0.15}
+SEALED_CASES = int(os.environ.get("KVCLAIMS_FUZZ_SEALED_CASES", "200"))
+FRAME_CASES = int(os.environ.get("KVCLAIMS_FUZZ_FRAME_CASES", "10000"))
 
 
 class Hang(BaseException):
@@ -290,6 +299,114 @@ def test_fuzzed_prototype_telemetry_is_refused_or_imported_readably(work: Path) 
             assert rc2 == 0, f"{case}: imported but not readable: {err2}"
             summary = json.loads((dest / "manifest.json").read_text())["import_summary"]
             assert summary["input_events"] == sum(1 for ln in mutated if ln.strip())
+
+
+def test_fuzzed_sealed_files_fall_back_to_the_segments_or_are_refused(work: Path) -> None:
+    import struct
+
+    rng = random.Random(SEED + 4)
+    base = record_run(work / "sbase", "zstd")
+    assert "sha256" in json.loads((base / "manifest.json").read_text())["sealed"]
+    rc, baseline, err = export(base)
+    assert rc == 0 and err == "", err
+    original = (base / "events.parquet").read_bytes()
+    footer = len(original) - 8 - struct.unpack("<I", original[-8:-4])[0]
+    run = work / "sealed"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(base, run)
+    for n in range(SEALED_CASES):
+        data = bytearray(original)
+        if n % 2:   # half the cases land in the footer (statistics, offsets, schema)
+            i = rng.randrange(footer, len(data))
+            data[i] ^= 1 << rng.randrange(8)
+            mutated = bytes(data)
+        else:
+            mutated = mutate_bytes(rng, original)
+        (run / "events.parquet").write_bytes(mutated)
+        case = f"seed {SEED} sealed case {n}"
+        rc, got, err = export(run)
+        check_door(rc, err, "export", case)
+        assert rc == 0 and got == baseline, f"{case}: accepted and changed the events"
+        if mutated != original:
+            assert "sealed copy unusable" in err, f"{case}: a changed file was used: {err}"
+
+
+def _frames() -> list[list[bytes]]:
+    """Realistic vLLM KV-event frames: tagged maps and positional arrays, stored with tokens
+    and parents, removed, cleared, another medium."""
+    import msgspec
+
+    enc = msgspec.msgpack.encode
+    stored = {"type": "BlockStored", "block_hashes": [11, 12, 13], "parent_block_hash": None,
+              "token_ids": list(range(48)), "block_size": 16, "lora_id": None,
+              "medium": "GPU"}
+    batches = [
+        [1000.0, [stored], 0],
+        [1000.5, [["BlockStored", [14, 15], 13, list(range(32)), 16, None, "GPU"]], 0],
+        [1001.0, [{"type": "BlockRemoved", "block_hashes": [12, 15], "medium": "GPU"}], 0],
+        [1001.5, [{"type": "BlockRemoved", "block_hashes": [99], "medium": "CPU"}], None],
+        [1002.0, [["AllBlocksCleared"]], 0],
+        {"ts": 1002.5, "events": [stored], "data_parallel_rank": 0},
+    ]
+    return [[b"", i.to_bytes(8, "big"), enc(b)] for i, b in enumerate(batches)]
+
+
+def _mutate_frame(rng: random.Random, frames: list[list[bytes]]) -> list[Any]:
+    import msgspec
+
+    topic, seq, payload = rng.choice(frames)
+    action = rng.randrange(6)
+    if action == 0:
+        payload = mutate_bytes(rng, payload)
+    elif action == 1:
+        seq = mutate_bytes(rng, seq)
+    elif action == 2:   # one field of the batch or of an event gets a hostile value
+        obj = msgspec.msgpack.decode(payload)
+        target = obj
+        if isinstance(obj, list) and obj[1] and rng.random() < 0.6:
+            target = obj[1][0]
+        if isinstance(target, dict):
+            target[rng.choice(sorted(target) + ["junk"])] = rng.choice(HOSTILE + [
+                float("inf"), float("nan"), -1e300, 2**64 - 1, b"\x00" * 9])
+        else:
+            target[rng.randrange(len(target))] = rng.choice(HOSTILE + [float("inf"),
+                                                                       2**64 - 1])
+        try:
+            payload = msgspec.msgpack.encode(obj)
+        except (TypeError, OverflowError, msgspec.EncodeError):
+            payload = mutate_bytes(rng, payload)
+    elif action == 3:
+        seq = rng.choice([b"\xff" * 8, (2**62).to_bytes(8, "big"), b"\x00" * 7, b""])
+    elif action == 4:
+        return rng.choice([[topic, seq], [topic, seq, payload, b""], [], [payload]])
+    return [topic, seq, payload]
+
+
+def test_fuzzed_listener_frames_are_applied_or_counted_never_raised(work: Path) -> None:
+    from kvclaims.reconstruct.loader import load_runs
+    from kvclaims.sources import kv_events as kv
+
+    rng = random.Random(SEED + 5)
+    frames = _frames()
+    per_run = 500
+    for start in range(0, FRAME_CASES, per_run):
+        out = work / f"listen-{start}"
+        shutil.rmtree(out, ignore_errors=True)
+        run = kv.ObservedRun(out, kv.run_info("fz-listen"), clock=lambda: 0)
+        lis = kv.Listener(run, kv.Translator(), wall0=999 * 10**9, mono0=0,
+                          warn=lambda _m: None)
+        fed = 0
+        for n in range(start, min(start + per_run, FRAME_CASES)):
+            msg = frames[n % len(frames)] if n % 4 == 0 else _mutate_frame(rng, frames)
+            with bounded(CASE_SECONDS):
+                lis.on_frames(msg, (1000 + n) * 10**9)
+            fed += 1
+        summary = lis.close((1000 + FRAME_CASES) * 10**9)
+        handled = sum(summary[k] for k in ("batches", "undecodable", "malformed_frames",
+                                           "oversized_frames", "foreign_topic"))
+        case = f"seed {SEED} frame cases {start}..{start + fed - 1}"
+        assert handled == fed, f"{case}: {fed} frames, {handled} applied or counted"
+        load_runs([out])   # the run it wrote reads back (raises TraceError otherwise)
 
 
 def test_the_door_catches_what_the_fuzzer_is_looking_for(work: Path) -> None:

@@ -12,7 +12,8 @@ Exit status (docs/guarantees.md): 0 ok; 1 a check failed (e.g. conformance); 2 b
 path, option or environment (one line on stderr naming the file and what is wrong); 3 the
 result is partial: the input had holes (damaged, cut or missing events), reported on stderr;
 4 an internal error (a bug: the line says so; ``--debug`` shows the traceback); 130
-interrupted (Ctrl-C); 141 stdout closed early (e.g. piped to ``head``).
+interrupted (Ctrl-C); 141 stdout closed early (e.g. piped to ``head``); 143 terminated
+(SIGTERM). Both signals unwind, so temporary folders and half-written outputs are removed.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
-from typing import Final
+from typing import Any, Final
 
 from kvclaims.cli import io, listen, reconstruct, record, whatif
 from kvclaims.contract.schema import RECORDER_VERSION, InputError
@@ -41,6 +44,7 @@ EXIT_BAD_INPUT: Final[int] = 2
 EXIT_PARTIAL: Final[int] = 3
 EXIT_INTERNAL: Final[int] = 4
 EXIT_INTERRUPTED: Final[int] = 130
+EXIT_TERMINATED: Final[int] = 143
 EXIT_BROKEN_PIPE: Final[int] = 141
 
 # A Python exception DuckDB wrapped while scanning one of our readers: its last line names the
@@ -133,6 +137,47 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
+# Signals that reached this command (SIGINT, SIGTERM): they end it with 130 / 143 whatever
+# shape the interruption took on its way out (DuckDB turns one into "Query interrupted").
+_SIGNALLED: list[int] = []
+
+
+def _on_sigterm(sig: int, _frame: Any) -> None:
+    _SIGNALLED.append(sig)
+    signal.raise_signal(signal.SIGINT)
+
+
+def _catch_signals() -> None:
+    """SIGTERM (main thread, default handler only) is turned into SIGINT, the interruption
+    DuckDB and every cleanup understand: ``finally`` blocks run (temporary audit databases,
+    half-written outputs) instead of the process vanishing.
+
+    NOTE: SIGINT keeps Python's own handler: DuckDB interrupts a running query cleanly only
+    under it (with another handler an interrupt inside a scan of Python data can deadlock).
+    """
+    _SIGNALLED.clear()
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_sigterm):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """DuckDB's shapes of a Ctrl-C that reached a running query."""
+    return (isinstance(exc, RuntimeError) and str(exc).strip() == "Query interrupted") or \
+        type(exc).__name__ == "InterruptException"
+
+
+def _signal_status(command: str, exc: BaseException | None = None) -> int | None:
+    """Exit status and line for a command a signal ended, or None."""
+    if not _SIGNALLED and not (exc is not None and _interrupted(exc)):
+        return None
+    if _SIGNALLED and _SIGNALLED[0] == signal.SIGTERM:
+        print(f"kvclaims {command}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    print(f"kvclaims {command}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each subcommand sets ``func(args) -> int`` on its parser.
 
@@ -142,15 +187,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = getattr(args, "command", "?")
     loader.take_reported_holes()  # NOTE: count only this command's holes
+    _catch_signals()
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except KeyboardInterrupt:
+        status_ = _signal_status(command)
+        if status_ is not None:
+            return status_
         print(f"kvclaims {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (Exception, MemoryError, RecursionError) as exc:  # noqa: BLE001 - the CLI door
+        status_ = _signal_status(command, exc)
+        if status_ is not None:
+            return status_
         status, line = describe_error(exc)
         if args.debug:
             traceback.print_exc()

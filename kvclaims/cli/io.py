@@ -19,6 +19,7 @@ import io
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import date, datetime, timezone
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.trace_writer import atomic_output
 import kvclaims
 from kvclaims.sources import jsonl
 from kvclaims.reconstruct.loader import EVENTS_SCHEMA, iter_batches
@@ -40,6 +42,12 @@ from kvclaims.sources.kv_events import import_capture
 
 IMPORT_FORMATS = ("kvclaims", "arbiter-jsonl", "vllm-kv-events")
 RESULT_FORMATS = ("table", "csv", "json", "parquet")
+# Bounds on one query's result (docs/sql.md "Bounds"): wall time, and what is built in Python
+# for table, csv and json output (Parquet streams to its file).
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_MAX_ROWS = 1_000_000
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+_FETCH_ROWS = 2048
 EXPLAIN_FORMATS = ("text", "md", "html", "json")
 
 
@@ -141,7 +149,24 @@ def _result_options(p: argparse.ArgumentParser) -> None:
                         "or parquet (needs --out)")
     p.add_argument("--json", action="store_true", help="same as --format json")
     p.add_argument("--out", default=None, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop the query after this long (default {DEFAULT_TIMEOUT_S:g} s; "
+                        "the reconstruction before it is not counted)")
+    p.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
+                   help=f"refuse a result of more rows (default {DEFAULT_MAX_ROWS:,}; "
+                        "--format parquet --out FILE streams any size)")
+    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="N",
+                   help=f"refuse a result of more bytes of values (default "
+                        f"{DEFAULT_MAX_BYTES // (1024 * 1024)} MiB)")
     audit_options(p)
+
+
+def check_bounds(args: argparse.Namespace) -> None:
+    """``--timeout``, ``--max-rows``, ``--max-bytes`` are positive and finite."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise InputError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    if args.max_rows < 1 or args.max_bytes < 1:
+        raise InputError("--max-rows and --max-bytes must be >= 1")
 
 
 def _warn(messages: Sequence[str], command: str = "kvclaims") -> None:
@@ -267,13 +292,11 @@ def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
 
 
     count = 0
-    try:
-        with pq.ParquetWriter(str(out), EVENTS_SCHEMA, compression="zstd") as writer:
+    with atomic_output(out) as tmp:
+        with pq.ParquetWriter(str(tmp), EVENTS_SCHEMA, compression="zstd") as writer:
             for batch in iter_batches(list(paths), truncations=truncations):
                 writer.write_batch(batch)
                 count += batch.num_rows
-    except OSError as exc:
-        raise InputError(f"{out}: cannot write: {exc}") from None
     return count
 
 
@@ -283,8 +306,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     """``kvclaims sql``: one read-only SELECT over the audit."""
 
     check_read_only(args.sql)  # NOTE: refuse before the (slow) reconstruction
+    check_bounds(args)
     with open_audit(args, args.paths, "sql") as audit:
-        emit(audit.sql(args.sql), args, title="result")
+        emit(audit.sql(args.sql), args, title="result", con=audit.con, text=args.sql)
     return 0
 
 
@@ -295,8 +319,9 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.sql is not None:
 
         check_read_only(args.sql)
+        check_bounds(args)
         with open_audit(args, args.args, "query") as audit:
-            emit(audit.sql(args.sql), args, title="result")
+            emit(audit.sql(args.sql), args, title="result", con=audit.con, text=args.sql)
         return 0
     if len(args.args) < 2:
         raise InputError("usage: kvclaims query NAME RUN_DIR... (names: kvclaims query --list)")
@@ -304,11 +329,14 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if name not in queries.VIEWS and name not in queries.TABLES:
         raise InputError(f"unknown table or view {name!r}; see 'kvclaims query --list'")
+    check_bounds(args)
     with open_audit(args, paths, "query") as audit:
         rel = audit.relation(name)
+        text = f'SELECT * FROM "{name}"'
         if name in audit.tables:
             rel = rel.order("ALL")  # NOTE: views carry their own ORDER BY
-        emit(rel, args, title=name)
+            text += " ORDER BY ALL"
+        emit(rel, args, title=name, con=audit.con, text=text)
     return 0
 
 
@@ -338,21 +366,34 @@ def _format(args: argparse.Namespace) -> str:
     return args.format or "table"
 
 
-def emit(rel: Any, args: argparse.Namespace, *, title: str) -> None:
-    """Print or write a relation in the chosen format."""
+def emit(rel: Any, args: argparse.Namespace, *, title: str, con: Any = None,
+         text: str | None = None) -> None:
+    """Print or write a relation in the chosen format.
+
+    With ``con`` and ``text`` (the relation's SQL) the query runs under ``--timeout`` and
+    its result under ``--max-rows`` / ``--max-bytes`` (one line when exceeded).
+    """
     import duckdb
 
 
     fmt = _format(args)
+    timeout = getattr(args, "timeout", None)
+    if fmt == "parquet" and not args.out:
+        raise InputError("--format parquet needs --out FILE (Parquet is binary)")
     try:
         if fmt == "parquet":
-            if not args.out:
-                raise InputError("--format parquet needs --out FILE (Parquet is binary)")
-            n = write_parquet(rel, args.out)
+            n = run_bounded(con, timeout, lambda: write_parquet(rel, args.out))
             print(f"wrote {n} rows -> {args.out}", file=sys.stderr)
             return
-        names = list(rel.columns)
-        rows = rel.fetchall()
+        if con is not None and text is not None:
+            names, rows = run_bounded(con, timeout, lambda: fetch_bounded(
+                con, text, getattr(args, "max_rows", None), getattr(args, "max_bytes", None)))
+        else:
+            names = list(rel.columns)
+            rows = rel.fetchall()
+    except QueryTimeout:
+        raise InputError(f"the query ran longer than --timeout {timeout:g} s and was stopped; "
+                         "narrow it or give a larger --timeout") from None
     except duckdb.Error as exc:
         raise _sql_error(exc) from None
     if fmt == "json":
@@ -364,30 +405,116 @@ def emit(rel: Any, args: argparse.Namespace, *, title: str) -> None:
     _write(args.out, text)
 
 
+class QueryTimeout(Exception):
+    """The query passed its ``--timeout`` and was interrupted."""
+
+
+def run_bounded(con: Any, seconds: float | None, work: Callable[[], Any]) -> Any:
+    """Run ``work`` (DuckDB calls on ``con``) on a worker thread; return its result or raise
+    its exception. After ``seconds`` the query is interrupted (DuckDB raises
+    ``InterruptException``).
+
+    NOTE: the main thread waits in short slices, so Python runs the SIGINT/SIGTERM handlers
+    while DuckDB computes (it would defer them until the query ends); a signal interrupts
+    the query and unwinds normally, so temporary folders and half-written files go.
+    """
+    if con is None:
+        return work()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="kvclaims-query", daemon=True)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+            if deadline is not None and time.monotonic() >= deadline:
+                con.interrupt()   # NOTE: again each slice: a fetch between queries misses one
+    except BaseException:
+        # NOTE: again and again until the worker ends: one interrupt sent before DuckDB has
+        # registered the query is lost, and a worker left running at exit aborts the process
+        until = time.monotonic() + 10.0
+        while worker.is_alive() and time.monotonic() < until:
+            con.interrupt()
+            worker.join(0.05)
+        raise
+    if "error" in box:
+        import duckdb
+
+        if isinstance(box["error"], duckdb.InterruptException):
+            # NOTE: past the deadline it is the timeout; before it, a Ctrl-C reached DuckDB
+            if deadline is None or time.monotonic() < deadline:
+                raise KeyboardInterrupt
+            raise QueryTimeout() from None
+        raise box["error"]
+    return box["result"]
+
+
+def fetch_bounded(con: Any, text: str, max_rows: int | None,
+                  max_bytes: int | None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one SELECT and fetch its rows in chunks, refusing (one line) a result of more than
+    ``max_rows`` rows or ``max_bytes`` bytes of values before it is all built in Python.
+
+    NOTE: one value is fetched whole before it is measured: its size is bounded by DuckDB's
+    ``--memory-limit``, the result's by these bounds.
+    """
+    cur = con.execute(text)
+    names = [d[0] for d in cur.description or []]
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    while True:
+        chunk = cur.fetchmany(_FETCH_ROWS)
+        if not chunk:
+            return names, rows
+        rows.extend(chunk)
+        size += sum(_value_bytes(v) for row in chunk for v in row)
+        if max_rows is not None and len(rows) > max_rows:
+            raise InputError(f"the result has more than {max_rows:,} rows (--max-rows); add "
+                             "a LIMIT or WHERE, or write it with --format parquet --out FILE")
+        if max_bytes is not None and size > max_bytes:
+            raise InputError(f"the result holds more than {max_bytes:,} bytes of values "
+                             "(--max-bytes); select fewer or shorter columns, or write it "
+                             "with --format parquet --out FILE")
+
+
+def _value_bytes(value: Any) -> int:
+    """About how many bytes a fetched value holds (strings and blobs by length)."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return len(value) + 8
+    if isinstance(value, (list, tuple)):
+        return 8 + sum(_value_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return 8 + sum(_value_bytes(k) + _value_bytes(v) for k, v in value.items())
+    return 8
+
+
 def _write(out: str | None, text: str) -> None:
     if out in (None, "-"):
         sys.stdout.write(text)
         return
-    try:
-        Path(out).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{out}: cannot write: {exc.strerror}") from None
+    with atomic_output(out) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
     print(f"wrote {out}", file=sys.stderr)
 
 
 def write_parquet(rel: Any, out: str | Path) -> int:
-    """Stream a relation into one Parquet file; returns the row count."""
+    """Stream a relation into one Parquet file (written atomically); returns the row count."""
     import pyarrow.parquet as pq
 
-    reader = rel.to_arrow_reader(batch_size=1 << 16)
     n = 0
-    try:
-        with pq.ParquetWriter(str(out), reader.schema, compression="zstd") as writer:
+    with atomic_output(out) as tmp:
+        reader = rel.to_arrow_reader(batch_size=1 << 16)
+        with pq.ParquetWriter(str(tmp), reader.schema, compression="zstd") as writer:
             for batch in reader:
                 writer.write_batch(batch)
                 n += batch.num_rows
-    except OSError as exc:
-        raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from None
     return n
 
 

@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bind", action="store_true",
                    help="bind --endpoint instead of connecting (when vLLM's endpoint names a "
                         "host, e.g. tcp://127.0.0.1:5557, vLLM connects to it)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="with --bind: allow an address beyond loopback (every interface, an "
+                        "interface name, a non-loopback address). Anyone who can reach it can "
+                        "publish forged events; see docs/stock-vllm.md")
+    p.add_argument("--max-frame-bytes", type=int, default=None, metavar="BYTES",
+                   help="drop (and count, as a gap) a payload larger than this "
+                        "(default 1 MiB; vLLM's largest batches are ~100 KB)")
     p.add_argument("--replay", default=None,
                    help="vLLM's replay (ROUTER) endpoint, e.g. tcp://127.0.0.1:5558")
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (default: all)")
@@ -99,7 +106,16 @@ def cmd_listen(args: argparse.Namespace) -> int:
     if args.data_parallel_rank < 0:
         raise InputError("--data-parallel-rank must be >= 0")
     rank = args.data_parallel_rank
-    endpoint = kv.check_endpoint(args.endpoint, bind=args.bind, rank=rank)
+    endpoint = kv.check_endpoint(args.endpoint, bind=args.bind, rank=rank,
+                                 allow_remote=args.allow_remote)
+    if args.allow_remote and args.bind and endpoint.startswith("tcp://"):
+        problem = kv.loopback_problem(endpoint[len("tcp://"):].rpartition(":")[0])
+        if problem is not None:
+            print(f"kvclaims listen: warning: --allow-remote: {problem}; anyone who can reach "
+                  "it can publish forged events (docs/stock-vllm.md)", file=sys.stderr)
+    max_frame = kv.MAX_FRAME_BYTES if args.max_frame_bytes is None else args.max_frame_bytes
+    if max_frame < 1024:
+        raise InputError("--max-frame-bytes must be >= 1024")
     replay_ep = (None if args.replay is None
                  else kv.check_endpoint(args.replay, "--replay", rank=rank))
     for name in ("block_size", "num_blocks"):
@@ -111,9 +127,11 @@ def cmd_listen(args: argparse.Namespace) -> int:
     scheme = hash_scheme(args.hash_algo, args.hash_seed)
     claims = load_declared(args.claims, scheme, args.block_size, args.tokenizer)
     topic = args.topic.encode()
-    source = kv.ZmqSource(endpoint, topic, bind=args.bind)
+    source = kv.ZmqSource(endpoint, topic, bind=args.bind, max_frame_bytes=max_frame,
+                          allow_remote=args.allow_remote)
     replay = kv.ReplayClient(replay_ep) if replay_ep else None
     capture = None
+    previous: dict[int, Any] = {}
     try:
         capture = kv.open_capture(args.capture) if args.capture else None
         info = kv.run_info(args.run_id or args.out.name, model=args.model,
@@ -125,22 +143,23 @@ def cmd_listen(args: argparse.Namespace) -> int:
         run = kv.ObservedRun(args.out, info)
         listener = kv.Listener(run, kv.Translator(scheme), claims=claims, replay=replay,
                                topic=topic, capture=capture, default_tokenizer=args.tokenizer)
+        listener.max_frame_bytes = max_frame
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
         _say(args, f"listening on {endpoint}"
                    f"{' (bound)' if args.bind else ''} -> {args.out} (evidence: observed)")
-        _loop(listener, source, stop, args)
-        # NOTE: frames already received are applied before closing (no silent loss at stop)
+        leftover = _loop(listener, source, stop, args)
+        _say(args, f"stopping: {'signal' if stop.is_set() else '--duration'}; closing the run")
+        # NOTE: frames already received are applied before closing, for at most
+        # STOP_DRAIN_S (a stop is honoured within a second); what is left is counted
         source.close()
-        while True:
-            items = source.get(0.0)
-            if not items:
-                break
-            for frames, wall in items:
-                listener.on_frames(frames, wall)
-        summary = listener.close(time.time_ns(), {"listener_overflow": source.overflow})
+        left = _drain(listener, source, leftover, time.monotonic() + STOP_DRAIN_S)
+        summary = listener.close(time.time_ns(), {"listener_overflow": source.overflow,
+                                                  "listener_unapplied_at_stop": left})
     finally:
+        for sig, handler in previous.items():   # NOTE: an in-process caller keeps its own
+            signal.signal(sig, handler)
         if capture is not None:
             capture.close()
         if replay is not None:
@@ -154,14 +173,40 @@ def cmd_listen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _loop(listener: Any, source: Any, stop: threading.Event, args: argparse.Namespace) -> None:
+# How long a stop waits for frames already received to be applied.
+STOP_DRAIN_S = 0.5
+
+
+def _drain(listener: Any, source: Any, items: list[Any], until: float) -> int:
+    """Apply ``items``, then the queued frames, until the monotonic time ``until``; return
+    how many were left unapplied."""
+    left = 0
+    while True:
+        items = items or source.get(0.0)
+        if not items:
+            return left
+        for frames, wall in items:
+            if time.monotonic() >= until:
+                left += 1
+                continue
+            listener.on_frames(frames, wall)
+        items = []
+
+
+def _loop(listener: Any, source: Any, stop: threading.Event,
+          args: argparse.Namespace) -> list[Any]:
+    """Apply frames until ``stop`` or ``--duration``; return the frames taken from the queue
+    but not yet applied."""
     deadline = None if args.duration is None else time.monotonic() + args.duration
     next_report = time.monotonic() + 10.0
     reported = None
     while not stop.is_set():
         if deadline is not None and time.monotonic() >= deadline:
-            return
-        for frames, wall in source.get(0.1):
+            return []
+        items = source.get(0.1)
+        for i, (frames, wall) in enumerate(items):
+            if stop.is_set():   # NOTE: checked per frame: SIGINT is honoured within one
+                return items[i:]  # frame's work (bounded by --max-frame-bytes)
             listener.on_frames(frames, wall)
         listener.tick(time.time_ns())
         if time.monotonic() >= next_report:
@@ -172,6 +217,7 @@ def _loop(listener: Any, source: Any, stop: threading.Event, args: argparse.Name
             reported = (c["batches"], c["batches_lost"])
             _say(args, f"listening: {c['batches']} batches, {c['events']} KV events, "
                        f"{c['batches_lost']} lost, {c['replayed']} replayed")
+    return []
 
 
 def _say(args: argparse.Namespace, msg: str) -> None:

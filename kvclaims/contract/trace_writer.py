@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import struct
 import time
 import zlib
@@ -67,6 +68,45 @@ _WRITER_KEYS: Final[frozenset[str]] = frozenset({
 # that readers scan directly; the IPC segments stay beside it (the crash-safe source).
 SEALED_NAME: Final[str] = "events.parquet"
 SEAL_ROW_GROUP: Final[int] = 1 << 18
+# The sealed file's content checksum in the manifest (``sealed.sha256``): Parquet's page CRCs
+# do not cover the footer (row-group statistics that DuckDB prunes by), this covers every byte.
+SEALED_CHECKSUM: Final[str] = "sha256"
+_HASH_CHUNK: Final[int] = 1 << 20
+
+
+def open_regular(path: str | Path) -> int:
+    """Open ``path`` read-only and return the descriptor; raise ``OSError`` unless it is a
+    regular file.
+
+    NOTE: ``O_NONBLOCK``: opening a FIFO for reading would otherwise wait for a writer
+    forever; the type is then checked on the open descriptor (no swap between check and use).
+    """
+    fd = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket "
+                                        "is never read)")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def file_sha256(path: str | Path) -> tuple[str, int]:
+    """``(hex SHA-256, size)`` of a regular file's bytes, read in 1 MiB chunks (the hash
+    releases the GIL). Raises ``OSError`` for a file that is not regular or unreadable."""
+    fd = open_regular(path)
+    h = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        while True:
+            chunk = fh.read(_HASH_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            h.update(chunk)
+    return h.hexdigest(), size
 
 # -- batch checksums --------------------------------------------------------------------------
 
@@ -329,6 +369,17 @@ def replacing(final: Path) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def atomic_output(out: str | Path) -> Iterator[Path]:
+    """``replacing`` for a file a command writes on request (``--out``): a failure to write is
+    one line (``InputError``) and leaves an existing ``out`` untouched."""
+    try:
+        with replacing(Path(out)) as tmp:
+            yield tmp
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from None
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` so that readers see either the old or the new file.
 
@@ -500,8 +551,13 @@ def plain_schema() -> pa.Schema:
 
 
 def _plain(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    cols = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
-            for c in batch.columns]
+    """``batch`` in ``schema``, by column name: a segment of an older schema version lacks the
+    columns added since, which are null."""
+    cols = []
+    for f in schema:
+        i = batch.schema.get_field_index(f.name)
+        c = batch.column(i) if i >= 0 else pa.nulls(batch.num_rows, f.type)
+        cols.append(c.dictionary_decode() if pa.types.is_dictionary(c.type) else c)
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
@@ -510,7 +566,8 @@ def seal_segments(run_dir: Path, files: list[str]) -> dict[str, Any]:
     entry ``{file, format, events, bytes}``.
 
     NOTE: written to a tmp file, fsynced and renamed, so a crash mid-seal leaves no sealed
-    file (readers then use the segments). Page checksums let readers detect a damaged page.
+    file (readers then use the segments). Page checksums let readers detect a damaged page;
+    ``sha256`` (of every byte, the footer's statistics included) lets them refuse any change.
     """
     import pyarrow.parquet as pq
 
@@ -534,8 +591,9 @@ def seal_segments(run_dir: Path, files: list[str]) -> dict[str, Any]:
                         if sum(b.num_rows for b in pending) >= SEAL_ROW_GROUP:
                             flush()
             flush()
-    return {"file": SEALED_NAME, "format": "parquet", "events": rows,
-            "bytes": final.stat().st_size}
+        digest, size = file_sha256(tmp)
+    return {"file": SEALED_NAME, "format": "parquet", "events": rows, "bytes": size,
+            SEALED_CHECKSUM: digest}
 
 
 class RunWriter:

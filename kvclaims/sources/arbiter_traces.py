@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from kvclaims.contract.trace_writer import open_regular
 from kvclaims.contract.schema import (
     RECORDER_VERSION,
     SCHEMA_VERSION,
@@ -703,7 +704,7 @@ def convert_file(path: str | Path) -> ConvertedTrace:
     Error messages name the file as given and the 1-based line number.
     """
     try:
-        with Path(path).open("rb") as fh:
+        with open(open_regular(path), "rb") as fh:   # NOTE: a FIFO is refused, not waited on
             return convert_lines(_decoded_lines(fh, str(path)), str(path))
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None

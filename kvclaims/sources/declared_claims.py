@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from kvclaims.contract.schema import InputError, hash64
 from kvclaims.contract.vocabulary import PROTECTION_MODES
+from kvclaims.contract.trace_writer import open_regular
 
 HASH_ALGOS: Final[tuple[str, ...]] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # vLLM's NONE_HASH seed for the cryptographic algorithms when PYTHONHASHSEED is not set
@@ -274,7 +275,8 @@ def load_claims(path: str | Path) -> list[DeclaredClaim]:
     list of objects, or ``{claims: [...]}``). Raises ``InputError`` (one line) on any fault."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(open_regular(p), encoding="utf-8") as fh:   # NOTE: never waits on a FIFO
+            text = fh.read(64 * 1024 * 1024)
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{p}: cannot read claims file: "
                          f"{getattr(exc, 'strerror', None) or exc}") from None

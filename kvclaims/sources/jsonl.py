@@ -25,7 +25,7 @@ import pyarrow as pa
 from kvclaims.contract.batches import build_batch
 from kvclaims.contract.schema import (ARROW_SCHEMA, COLUMNS, ENVELOPE, SCHEMA_VERSION, InputError,
                                       SchemaError, check_event, range_problem)
-from kvclaims.contract.trace_writer import HASH_IMPORTED, RunWriter
+from kvclaims.contract.trace_writer import HASH_IMPORTED, RunWriter, open_regular
 
 _FIELDS: Final[tuple[str, ...]] = tuple(c for c in COLUMNS if c not in ENVELOPE)
 _BATCH_ROWS: Final[int] = 65536
@@ -92,7 +92,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield ``(FILE:LINE, event)`` for every non-blank line, each validated."""
     p = Path(path)
     try:
-        fh = open(p, encoding="utf-8")
+        fh = open(open_regular(p), encoding="utf-8")   # NOTE: a FIFO is refused, not waited on
     except OSError as exc:
         raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
     with fh:

@@ -43,7 +43,11 @@ NOTE: invariants
 from __future__ import annotations
 
 import heapq
+import ipaddress
+import math
+import os
 import queue
+import socket
 import struct
 import sys
 import threading
@@ -54,7 +58,7 @@ from typing import IO, Any, Final
 
 from kvclaims.recorder.buffer import event_problem, pending_to_batch
 from kvclaims.contract.schema import InputError, hash64
-from kvclaims.contract.trace_writer import RunWriter
+from kvclaims.contract.trace_writer import RunWriter, open_regular
 from kvclaims.sources.declared_claims import HashScheme
 from kvclaims.contract.schema import RECORDER_VERSION, SCHEMA_VERSION
 from kvclaims.sources.declared_claims import schedule
@@ -69,6 +73,18 @@ _MAX_POSITIONS: Final[int] = 4_000_000  # content hashes whose chain position is
 _MAX_GAP_NOTES: Final[int] = 100
 _MASK: Final[int] = 0xFFFF_FFFF_FFFF_FFFF
 CLOCK_GRACE_NS: Final[int] = 2_000_000_000
+
+# Bounds on what one frame may make the listener do (docs/stock-vllm.md "Hostile publishers").
+# NOTE: vLLM's largest real batch is one step's new blocks (a step of 128k prefill tokens is
+# 8k hashes, ~80 KB of msgpack): 1 MiB (~116k hashes) leaves an order of magnitude of room
+# and bounds one frame's work (and so how long a stop waits for it).
+MAX_FRAME_BYTES: Final[int] = 1024 * 1024           # a payload larger is dropped and counted
+MAX_BATCH_HASHES: Final[int] = 1 << 20              # block hashes in one batch, all events
+MAX_LIVE_COPIES: Final[int] = 1 << 24               # cached copies tracked (block ids < 2^30)
+MAX_SEQ: Final[int] = 1 << 62                       # a publisher seq at or above is malformed
+MAX_SEQ_JUMP: Final[int] = 1 << 32                  # a forward jump larger is malformed
+MAX_TS_S: Final[float] = 9.2e9                      # EventBatch.ts: seconds since the epoch
+MAX_BLOCK_SIZE: Final[int] = 2**30 - 1
 
 # Conformance checks an observed run cannot exercise, and why (also in the manifest).
 NOT_EXERCISED: Final[dict[str, str]] = {
@@ -132,21 +148,37 @@ def _msgpack_decoder() -> Any:
 def _hash(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value & 0xFFFF_FFFF_FFFF_FFFF
-    if isinstance(value, (bytes, bytearray, memoryview)):
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) <= 1024:
         return hash64(bytes(value))
     raise KVEventsError(f"block hash is {type(value).__name__}, expected int or bytes")
 
 
+def _opt_int(value: Any, name: str, lo: int, hi: int) -> int | None:
+    """An optional integer field in ``lo..hi``; anything else is a malformed batch."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise KVEventsError(f"field '{name}' is {_brief(value)}, expected an integer in "
+                            f"{lo}..{hi}")
+    return value
+
+
+def _brief(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (list, dict, bytes)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _event(raw: Any) -> KVEvent:
     if isinstance(raw, dict):
-        kind = _KINDS.get(raw.get("type"))  # type: ignore[arg-type]
+        tag = raw.get("type")
+        kind = _KINDS.get(tag) if isinstance(tag, str) else None
         if kind is None:
-            raise KVEventsError(f"unknown KV event type {raw.get('type')!r}")
+            raise KVEventsError(f"unknown KV event type {_brief(tag)}")
         get = raw.get
     elif isinstance(raw, list) and raw and isinstance(raw[0], str):
         kind = _KINDS.get(raw[0])
         if kind is None:
-            raise KVEventsError(f"unknown KV event type {raw[0]!r}")
+            raise KVEventsError(f"unknown KV event type {_brief(raw[0])}")
         fields = dict(zip(_POSITIONAL[kind], raw[1:]))
         get = fields.get
     else:
@@ -156,16 +188,24 @@ def _event(raw: Any) -> KVEvent:
     hashes = get("block_hashes")
     if not isinstance(hashes, list):
         raise KVEventsError("KV event without a block_hashes list")
+    if len(hashes) > MAX_BATCH_HASHES:
+        raise KVEventsError(f"{len(hashes)} block hashes in one event (at most "
+                            f"{MAX_BATCH_HASHES})")
     hs = [h & _MASK if type(h) is int else _hash(h) for h in hashes]
+    medium = get("medium")
+    if medium is not None and not isinstance(medium, str):
+        raise KVEventsError(f"field 'medium' is {_brief(medium)}, expected a string")
+    group = _opt_int(get("group_idx"), "group_idx", 0, 2**31 - 1)
     if kind == REMOVED:
-        return (REMOVED, hs, None, None, None, get("medium"), get("group_idx"))
+        return (REMOVED, hs, None, None, None, medium, group)
     parent = get("parent_block_hash")
     tokens = get("token_ids")
-    size = get("block_size")
-    return (STORED, hs, None if parent is None else _hash(parent),
-            tokens if isinstance(tokens, list) else None,
-            size if isinstance(size, int) and not isinstance(size, bool) else None,
-            get("medium"), get("group_idx"))
+    if tokens is not None and not (isinstance(tokens, list) and all(
+            type(t) is int for t in tokens)):
+        tokens = None   # NOTE: only hash verification reads them; ill-typed: not verified
+    size = _opt_int(get("block_size"), "block_size", 1, MAX_BLOCK_SIZE)
+    return (STORED, hs, None if parent is None else _hash(parent), tokens, size,
+            medium, group)
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
@@ -185,7 +225,20 @@ def decode_batch(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
         raise KVEventsError("payload is not an EventBatch [ts, events, rank]")
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not isinstance(events, list):
         raise KVEventsError("payload is not an EventBatch [ts, events, rank]")
-    return float(ts), [_event(e) for e in events], rank if isinstance(rank, int) else None
+    if not math.isfinite(ts) or not 0 <= ts <= MAX_TS_S:
+        raise KVEventsError(f"field 'ts' is {_brief(ts)}, expected seconds since the epoch "
+                            f"in 0..{MAX_TS_S:g}")
+    rank = _opt_int(rank if not isinstance(rank, bool) else -1, "data_parallel_rank", 0,
+                    2**31 - 1)
+    try:
+        decoded = [_event(e) for e in events]
+    except (TypeError, ValueError, OverflowError, KeyError) as exc:
+        # NOTE: the checks above name each field; this is the net under them: a shape
+        # nobody foresaw is a malformed batch (a gap), never an exception in the listener
+        raise KVEventsError(f"malformed KV event: {type(exc).__name__}: {exc}"[:200]) from None
+    if sum(len(e[1]) for e in decoded) > MAX_BATCH_HASHES:
+        raise KVEventsError(f"more than {MAX_BATCH_HASHES} block hashes in one batch")
+    return float(ts), decoded, rank
 
 
 # -- translation into kvclaims events ---------------------------------------------------------
@@ -215,6 +268,10 @@ class Translator:
                        "other_group": 0, "hash_verified": 0, "hash_mismatched": 0}
 
     # NOTE: smallest free id first keeps ids within the number of live copies (like a pool)
+    def ids_left(self) -> int:
+        """How many more copies can be tracked (``MAX_LIVE_COPIES`` bounds memory)."""
+        return len(self._free) + max(0, MAX_LIVE_COPIES - self._next_id)
+
     def _take_id(self) -> int:
         if self._free:
             return heapq.heappop(self._free)
@@ -475,15 +532,17 @@ class Listener:
         self._claims_rejected: list[str] = []
         self.counts = {"batches": 0, "events": 0, "replayed": 0, "batches_lost": 0,
                        "undecodable": 0, "restarts": 0, "malformed_frames": 0,
-                       "foreign_topic": 0}
+                       "foreign_topic": 0, "oversized_frames": 0}
+        self.max_frame_bytes = MAX_FRAME_BYTES
         self.dp_ranks: set[int] = set()
         self.gap_notes: list[dict[str, Any]] = []
         self._out: Emitted = []
         self.due(self.wall0 if wall0 is not None else None)
 
     def ts_of(self, wall_ns: int) -> int:
-        """The run's ``ts_ns`` for an engine wall time."""
-        return self.mono0 + (wall_ns - self.wall0)
+        """The run's ``ts_ns`` for an engine wall time (clamped to the int64 range: a batch
+        time decades away from the listener's start cannot overflow a column)."""
+        return min(max(self.mono0 + (wall_ns - self.wall0), 0), 2**63 - 1)
 
     # -- claims --------------------------------------------------------------------------------
     def due(self, wall_ns: int | None) -> None:
@@ -525,16 +584,39 @@ class Listener:
                                                "reason": reason[:300]})
 
     # -- frames --------------------------------------------------------------------------------
-    def on_frames(self, frames: Sequence[bytes], recv_wall_ns: int) -> None:
-        """One message from the SUB socket."""
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self.counts["malformed_frames"] += 1
+    def on_frames(self, frames: Sequence[Any], recv_wall_ns: int) -> None:
+        """One message from the SUB socket (its payload may be ``Oversized``: the receive
+        loop dropped the bytes and kept the size).
+
+        NOTE: never raises for what the frame holds: a malformed frame is counted
+        (``malformed_frames``), a batch that does not decode or validate is a gap.
+        """
+        if len(frames) != 3 or not isinstance(frames[1], (bytes, bytearray, memoryview)) \
+                or len(frames[1]) != 8 or len(frames[0]) > 1024:
+            self._malformed("not a (topic, 8-byte seq, payload) message")
             return
         topic, seq_bytes, payload = frames
         if not bytes(topic).startswith(self.topic):
             self.counts["foreign_topic"] += 1
             return
-        self.on_batch(int.from_bytes(seq_bytes, "big"), bytes(payload), recv_wall_ns, topic)
+        seq = int.from_bytes(seq_bytes, "big")
+        expected = 0 if self.expected is None else self.expected
+        if seq >= MAX_SEQ or seq - expected > MAX_SEQ_JUMP:
+            self._malformed(f"batch seq {seq} is out of range (expected about {expected})")
+            return
+        if isinstance(payload, Oversized) or len(payload) > self.max_frame_bytes:
+            self.counts["oversized_frames"] += 1
+            if self.counts["oversized_frames"] <= 3:
+                self.warn(f"batch {seq}: payload of {len(payload)} bytes exceeds "
+                          f"{self.max_frame_bytes}; dropped (a gap)")
+            payload = OVERSIZED
+        self.on_batch(seq, payload if payload is OVERSIZED else bytes(payload),
+                      recv_wall_ns, topic)
+
+    def _malformed(self, why: str) -> None:
+        self.counts["malformed_frames"] += 1
+        if self.counts["malformed_frames"] <= 3:
+            self.warn(f"malformed frame dropped: {why}")
 
     def on_batch(self, seq: int, payload: bytes, recv_wall_ns: int, topic: bytes = b"") -> None:
         """One batch in arrival order: detect restarts and holes, then apply it."""
@@ -565,6 +647,9 @@ class Listener:
         for topic, seq, payload in got:
             if seq < cur:
                 continue
+            if len(payload) > self.max_frame_bytes:
+                self.counts["oversized_frames"] += 1
+                payload = OVERSIZED
             if seq > cur:
                 self._lost(cur, seq - 1, wall_ns, "publisher_batches_lost")
             self.counts["replayed"] += 1
@@ -584,11 +669,17 @@ class Listener:
         self.expected = last + 1
 
     def _apply(self, seq: int, payload: bytes, wall_ns: int, topic: bytes) -> None:
+        if payload is OVERSIZED:
+            self.expected = seq + 1
+            self._lost(seq, seq, wall_ns, "oversized_batch")
+            return
         if self.capture is not None:
             write_capture_record(self.capture, wall_ns, topic, seq.to_bytes(8, "big"), payload)
         self.expected = seq + 1
         try:
             ts, events, rank = decode_batch(payload)
+            if sum(len(e[1]) for e in events) > self.tr.ids_left():
+                raise KVEventsError(f"more cached copies than the {MAX_LIVE_COPIES} tracked")
         except KVEventsError as exc:
             self.counts["undecodable"] += 1
             if self.counts["undecodable"] <= 3:
@@ -655,6 +746,21 @@ class Listener:
         return summary
 
 
+class Oversized:
+    """A payload the receive loop dropped for its size (only the size is kept)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+OVERSIZED: Final[Any] = Oversized(0)   # the marker ``on_batch`` passes on
+
+
 # -- capture files (raw frames, for `kvclaims import --from vllm-kv-events`) -------------------
 
 def write_capture_record(fh: IO[bytes], wall_ns: int, topic: bytes, seq: bytes,
@@ -685,7 +791,7 @@ def read_capture(path: str | Path,
     is reported in ``truncated`` (not an error: a killed listener leaves one)."""
     p = Path(path)
     try:
-        fh = open(p, "rb")
+        fh = os.fdopen(open_regular(p), "rb")   # NOTE: a FIFO is refused, never waited on
     except OSError as exc:
         raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from None
     with fh:
@@ -700,11 +806,21 @@ def read_capture(path: str | Path,
             if len(head) < _RECORD.size:
                 break
             wall, lt, ls, lp = _RECORD.unpack(head)
-            body = fh.read(lt + ls + lp)
-            if len(body) < lt + ls + lp:
+            if lt > 1024 or ls > 1024:
+                raise KVEventsError(f"{p}: record {n + 1}: topic or seq longer than 1 KiB "
+                                    "(not a capture, or damaged)")
+            oversized = lp > MAX_FRAME_BYTES
+            body = fh.read(lt + ls + (0 if oversized else lp))
+            if len(body) < lt + ls + (0 if oversized else lp):
                 break
+            if oversized:  # NOTE: skipped, not read: memory stays bounded (a gap on import)
+                here = fh.tell()
+                if fh.seek(lp, os.SEEK_CUR) > os.fstat(fh.fileno()).st_size:
+                    fh.seek(here)
+                    break
             n += 1
-            yield wall, [body[:lt], body[lt:lt + ls], body[lt + ls:]]
+            payload: Any = Oversized(lp) if oversized else body[lt + ls:]
+            yield wall, [body[:lt], body[lt:lt + ls], payload]
     if truncated is not None:
         truncated.append(f"{p}: last record cut off after {n} complete records")
 
@@ -721,22 +837,57 @@ def _zmq() -> Any:
 
 
 def check_endpoint(endpoint: str, name: str = "--endpoint", *, bind: bool = False,
-                   rank: int = 0) -> str:
+                   rank: int = 0, allow_remote: bool = False) -> str:
     """``tcp://HOST:PORT`` (or ipc://...), with vLLM's data-parallel offset applied (port +
-    rank; ipc: ``_dp<rank>`` suffix); one clear line otherwise. Binding every interface is
-    refused: services bind a named address (loopback)."""
+    rank; ipc: ``_dp<rank>`` suffix); one clear line otherwise. Binding anything but a
+    loopback address is refused unless ``allow_remote`` (``loopback_problem``)."""
     if endpoint.startswith("ipc://") and len(endpoint) > 6:
         return endpoint if rank == 0 else f"{endpoint}_dp{rank}"
     if endpoint.startswith("tcp://"):
         host, _, port = endpoint[6:].rpartition(":")
         if host and port.isdigit() and 0 < int(port) < 65536:
-            if bind and host in ("*", "0.0.0.0", "[::]", "::"):
-                raise InputError(f"{name} {endpoint}: binding every interface is refused; "
-                                 "bind a named address such as tcp://127.0.0.1:PORT")
+            if bind and not allow_remote:
+                problem = loopback_problem(host)
+                if problem is not None:
+                    raise InputError(f"{name} {endpoint}: {problem}; anyone who can reach it "
+                                     "could publish forged events. Bind a loopback address "
+                                     "(tcp://127.0.0.1:PORT) or an ipc:// socket, or pass "
+                                     "--allow-remote")
             if int(port) + rank >= 65536:
                 raise InputError(f"{name} {endpoint}: port + rank {rank} exceeds 65535")
             return f"tcp://{host}:{int(port) + rank}"
     raise InputError(f"{name} {endpoint!r} is not tcp://HOST:PORT or ipc://PATH")
+
+
+def loopback_problem(host: str) -> str | None:
+    """Why binding ``host`` could listen beyond this machine, or None (loopback only).
+
+    NOTE: decided on what the name resolves to, never on its spelling: ``*``, an interface
+    name (ZeroMQ binds its address), and any name or literal whose addresses are not all
+    loopback (``0``, ``0.0.0.00``, ``[::ffff:0.0.0.0]``, ``::``) are refused; a name that
+    does not resolve is refused too.
+    """
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if bare in ("*", ""):
+        return "binds every interface"
+    try:
+        interfaces = {name for _i, name in socket.if_nameindex()}
+    except OSError:
+        interfaces = set()
+    if bare in interfaces:
+        return f"'{bare}' names a network interface (it binds that interface's address)"
+    try:
+        infos = socket.getaddrinfo(bare, None, proto=socket.IPPROTO_TCP,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        return f"'{bare}' does not resolve ({exc})"
+    for info in infos:
+        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        mapped = getattr(addr, "ipv4_mapped", None)
+        if not (mapped or addr).is_loopback:
+            what = "every interface" if (mapped or addr).is_unspecified else "a non-loopback"
+            return f"'{bare}' resolves to {addr} ({what} address)"
+    return None
 
 
 class ZmqSource:
@@ -748,24 +899,42 @@ class ZmqSource:
     """
 
     def __init__(self, endpoint: str, topic: bytes = b"", *, bind: bool = False,
-                 max_pending: int = 1_000_000) -> None:
+                 max_pending: int = 1_000_000, max_pending_bytes: int = 256 * 1024 * 1024,
+                 max_frame_bytes: int = MAX_FRAME_BYTES, allow_remote: bool = False) -> None:
         zmq = _zmq()
         self._zmq = zmq
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.RCVHWM, 0)  # NOTE: bounded by max_pending below instead
+        # NOTE: memory is bounded three ways: ZeroMQ's own queue (RCVHWM messages, each at
+        # most MAXMSGSIZE: a larger frame disconnects its sender), the frames waiting here
+        # (max_pending messages, max_pending_bytes), and a payload above max_frame_bytes is
+        # dropped on receipt (only its size is kept: a counted gap)
+        self.sock.setsockopt(zmq.RCVHWM, 1_000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, max(128 * 1024 * 1024, 8 * max_frame_bytes))
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SUBSCRIBE, topic)
         try:
-            (self.sock.bind if bind else self.sock.connect)(endpoint)
-        except zmq.ZMQError as exc:
+            if bind and endpoint.startswith("ipc://"):
+                _bind_private_ipc(self.sock, endpoint)
+            else:
+                (self.sock.bind if bind else self.sock.connect)(endpoint)
+            if bind and not allow_remote:
+                _check_bound(self.sock.getsockopt(zmq.LAST_ENDPOINT).decode(), endpoint)
+        except (zmq.ZMQError, InputError) as exc:
             self.sock.close()
             self.ctx.term()
+            if isinstance(exc, InputError):
+                raise
             raise InputError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") \
                 from None
-        self.queue: queue.SimpleQueue[tuple[list[bytes], int]] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[list[Any], int]] = queue.SimpleQueue()
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self.pending_bytes = 0
+        self._bytes_lock = threading.Lock()
         self.overflow = 0
+        self.oversized = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvclaims-listen-recv",
                                         daemon=True)
@@ -779,10 +948,23 @@ class ZmqSource:
                 if not sock.poll(100):
                     continue
                 for _ in range(10_000):  # drain what is there without a poll per message
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                    if q.qsize() >= self.max_pending:
+                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames: list[Any] = []
+                    size = 0
+                    for i, part in enumerate(parts):
+                        n = len(part.buffer)
+                        if i == 2 and n > self.max_frame_bytes:
+                            self.oversized += 1
+                            frames.append(Oversized(n))   # NOTE: never copied into Python
+                            continue
+                        frames.append(part.bytes)
+                        size += n
+                    if q.qsize() >= self.max_pending or \
+                            self.pending_bytes + size > self.max_pending_bytes:
                         self.overflow += 1  # NOTE: a dropped frame is a seq hole: replayed
                         continue
+                    with self._bytes_lock:
+                        self.pending_bytes += size
                     put((frames, clock()))
             except zmq.Again:
                 continue
@@ -799,10 +981,14 @@ class ZmqSource:
             return []
         get = self.queue.get_nowait
         try:
-            while len(items) < 100_000:
+            while len(items) < 1_000:
                 items.append(get())
         except queue.Empty:
             pass
+        done = sum(len(f) for frames, _w in items for f in frames
+                   if not isinstance(f, Oversized))
+        with self._bytes_lock:
+            self.pending_bytes -= done
         return items
 
     def close(self) -> None:
@@ -811,6 +997,33 @@ class ZmqSource:
         self._thread.join(timeout=2.0)
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+def _bind_private_ipc(sock: Any, endpoint: str) -> None:
+    """Bind an ipc:// socket that only this user can connect to (mode 0600).
+
+    NOTE: the umask is set around the bind, so the socket file never exists with wider
+    permissions; connecting needs write permission on it (docs/stock-vllm.md).
+    """
+    old = os.umask(0o077)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old)
+    path = endpoint[len("ipc://"):]
+    if path and not path.startswith("@"):   # "@name": Linux abstract socket, no file
+        os.chmod(path, 0o600)
+
+
+def _check_bound(bound: str, endpoint: str) -> None:
+    """After binding: the address ZeroMQ actually bound is loopback (tcp) or a file."""
+    if not bound.startswith("tcp://"):
+        return
+    host = bound[len("tcp://"):].rpartition(":")[0]
+    problem = loopback_problem(host)
+    if problem is not None:
+        raise InputError(f"--endpoint {endpoint}: bound {bound}, {problem}; pass "
+                         "--allow-remote to listen beyond this machine")
 
 
 class ReplayClient:
@@ -827,6 +1040,7 @@ class ReplayClient:
         zmq = self.zmq
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 8 * MAX_FRAME_BYTES)
         out: list[tuple[bytes, int, bytes]] = []
         try:
             sock.connect(self.endpoint)
