@@ -148,7 +148,34 @@ def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
     return [reqs[i:i + 48] for i in range(0, n, 48)], 200
 
 
-SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape}
+def claims_shape(n: int = 400, seed: int = 3) -> tuple[list[Phase], int]:
+    """The claim path under ``native``: ``n`` requests over 24 shared documents (4-24 blocks)
+    plus 1-3 unique blocks, 16 at a time over 160 usable blocks, as ``prefix``; one request in
+    five declares its own claim (no mode: the policy's default, recorded and judged, never
+    enforced under ``native``), every other one on the document only (``threshold_blocks``).
+    Claims are never released, so the claims in force grow to ``n / 5`` and watch every
+    document: bound content evicted and cached again on every step."""
+    from kvclaims.recorder.scenarios import BLOCK_SIZE, tokens
+
+    rng = random.Random(seed)
+    docs = [tokens(1000 + d, rng.randint(4, 24)) for d in range(24)]
+    reqs: list[Request] = []
+    for i in range(n):
+        d = rng.randrange(len(docs))
+        claim = None
+        if i % 5 == 0:
+            claim = {"claim_id": f"k-{i}", "tenant": f"t{i % 4}"}
+            if i % 10 == 0:
+                claim["threshold_blocks"] = len(docs[d]) // BLOCK_SIZE
+        reqs.append((f"k{i}", docs[d] + tokens(5000 + i, rng.randint(1, 3)), claim, 4))
+    return [reqs[i:i + 16] for i in range(0, n, 16)], 160
+
+
+SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape,
+          "claims": claims_shape}
+# NOTE: shapes whose claims every recorder configuration declares (the others declare theirs
+# under ``hard`` only: the rows without claims measure the pool hooks alone)
+CLAIMS_UNDER_EVERY_POLICY = frozenset({"claims"})
 
 
 # -- real engines ----------------------------------------------------------------------------
@@ -222,7 +249,14 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
             os.environ["KVCLAIMS_HOOKS"] = saved
 
 
-def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]) -> None:
+def _declares(config: str, shape: str) -> bool:
+    """Whether ``config``'s requests declare the shape's claims (``hard`` always; every
+    recorder configuration on a shape of ``CLAIMS_UNDER_EVERY_POLICY``)."""
+    return config == "hard" or (POLICY[config] is not None and shape in CLAIMS_UNDER_EVERY_POLICY)
+
+
+def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase],
+           shape: str = "") -> None:
     """Run every phase on every engine, stepping the engines in turn (the order reversed at
     each turn, so each engine follows the other as often as itself). On failure every engine
     is shut down before the error propagates."""
@@ -231,7 +265,8 @@ def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]
         for phase in phases:
             for key, driver in drivers.items():
                 for name, prompt, claim, max_tokens in phase:
-                    driver.submit(name, prompt, claim=claim if configs[key] == "hard" else None,
+                    driver.submit(name, prompt,
+                                  claim=claim if _declares(configs[key], shape) else None,
                                   max_tokens=max_tokens)
             while any(d.engine.has_unfinished_requests() for d in drivers.values()):
                 order.reverse()
@@ -257,17 +292,19 @@ def _result(key: str, config: str, driver: Any, out: Path) -> dict[str, Any]:
 
 
 def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
-               async_scheduling: bool = False, python_hooks: bool = False) -> dict[str, Any]:
+               async_scheduling: bool = False, python_hooks: bool = False,
+               shape: str = "") -> dict[str, Any]:
     """One fresh in-process engine run alone; the scheduler's CPU seconds, events, steps, and
     each request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client."""
     driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling,
                           python_hooks=python_hooks)
-    _drive({"run": driver}, {"run": config}, phases)
+    _drive({"run": driver}, {"run": config}, phases, shape)
     return _result("run", config, driver, out)
 
 
 def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
-                 base_first: bool, base: str = "plain") -> tuple[dict[str, Any], dict[str, Any]]:
+                 base_first: bool, base: str = "plain",
+                 shape: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """``base`` (vanilla vLLM unless told) and ``config`` in one process, stepped in turn on the
     same workload; (base's result, config's result).
 
@@ -278,7 +315,7 @@ def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
     keys = ("base", "other") if base_first else ("other", "base")
     configs = {"base": base, "other": config}
     drivers = {k: build_engine(configs[k], usable, out / k, k) for k in keys}
-    _drive(drivers, configs, phases)
+    _drive(drivers, configs, phases, shape)
     return (_result("base", base, drivers["base"], out / "base"),
             _result("other", config, drivers["other"], out / "other"))
 
@@ -310,7 +347,7 @@ def engine_table(shape: str, rounds: int, tmp: Path,
         pairs = []
         for r in range(rounds):
             plain, other = paired_round(config, phases, usable, tmp / f"{shape}-{row}-{r}",
-                                        base_first=r % 2 == 0, base=base)
+                                        base_first=r % 2 == 0, base=base, shape=shape)
             pairs.append((plain, other))
             print(f"  {shape} {row} round {r + 1}/{rounds}: {base} {plain['cpu_s']:.3f} s, "
                   f"{config} {other['cpu_s']:.3f} s, {other['events']:,} events",
@@ -390,7 +427,7 @@ def lockstep_run(shape: str, tmp: Path, utils: Any,
         for config, sched in scheds.items():
             for name, prompt, claim, max_tokens in phase:
                 params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=(
-                    {"kv_claim": claim} if claim and config == "hard" else None))
+                    {"kv_claim": claim} if claim and _declares(config, shape) else None))
                 params.update_from_generation_config({}, 2)
                 sched.add_request(VRequest(
                     request_id=name, prompt_token_ids=prompt, sampling_params=params,
