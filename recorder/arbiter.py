@@ -257,8 +257,9 @@ class ClaimArbiter:
             else:
                 resident[key] = {block.block_id: block}
                 for claim in counted.get(key, ()):
-                    claim.missing -= 1
-                    if claim.missing == 0 and not claim.materialized:
+                    missing = claim.missing - 1
+                    claim.missing = missing
+                    if not missing and not claim.materialized:
                         self._check_materialized(claim)
             if pinners:
                 for claim, position in pinners.get(key, ()):
@@ -298,12 +299,13 @@ class ClaimArbiter:
                 continue
             del resident[key]
             for claim in counted.get(key, ()):
-                claim.missing += 1
+                missing = claim.missing + 1
+                claim.missing = missing
                 # NOTE: only a residency promise is broken by the loss itself (docs/design.md
                 # §3): best_effort promised nothing, and whether a soft_priority loss broke its
                 # order depends on the other evictable blocks, which only the offline timeline
                 # sees
-                if claim.missing == 1 and claim.materialized and claim.residency:
+                if missing == 1 and claim.materialized and claim.residency:
                     broken.setdefault(claim, key)
 
     def on_reset(self) -> None:
