@@ -614,7 +614,7 @@ def markdown_section(command: str, when: str, machine: str, mode: str,
                      table: list[dict[str, Any]], writer: list[str]) -> str:
     """The docs section for one run: command, UTC date, machine, one table row per
     configuration and shape, the writer's rows (if they ran) as printed."""
-    lines = [SECTION[0], "",
+    lines = [SECTION[0], "## The recorder's cost inside vLLM", "",
              f"Written by `{command}` on {when} UTC.", "",
              f"Machine: {machine}.", "",
              mode, "",
