@@ -22,7 +22,7 @@ the machine's drift hits both alike: on this shared VM the same plain run's sche
 first in a round measures a few percent slower, so the first position alternates between rounds
 and rounds are averaged in pairs (one each way). ``plain`` against ``plain`` is the null
 control: its added time is the table's resolution. ``--rounds`` rounds per configuration (made
-even), after one discarded warm-up round. Three shapes:
+even), after one discarded warm-up round. Four shapes:
 
 - ``prefix``: 400 requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks, 160
   usable blocks: heavy eviction (the shape of issue 9);
