@@ -1,16 +1,19 @@
 """The recorder's cost inside the real vLLM engine, and whether its writer keeps up.
 
 Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4]
-[--shapes prefix,multiturn,short] [--configs plain,native,native-py,hard]
-[--writer-only | --engine-only] [--lockstep [--cold-mib 0,64]]`` (in-process engines; 3-5 min
-per shape on 2 shared cores).
+[--shapes prefix,multiturn,short,claims] [--configs plain,native,hard]
+[--writer-only | --engine-only] [--lockstep [--cold-mib 0,64]] [--write docs/benchmarks.md]``
+(in-process engines; 3-5 min per shape on 2 shared cores). ``--write``: the tables also replace
+this script's section of that file (between ``<!-- recorder_overhead:begin -->`` and
+``<!-- recorder_overhead:end -->``), with the command, the UTC date and the machine.
 
 Engine part. Real in-process vLLM CPU engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM's
-plain ``Scheduler`` (``plain``), the recorder under ``native`` with no claims (its compiled
-hooks, ``recorder/_hooks.c``; ``native-py``: their Python twins, ``KVCLAIMS_HOOKS=python``),
-and the recorder under ``hard_protected`` with claims (``hard``). Timed: CPU time of the engine
-thread (``time.thread_time_ns``) inside ``schedule()`` and ``update_from_output()``: the
-scheduler's own work with every recorder hook in it, not the model, not the writer thread.
+plain ``Scheduler`` (``plain``), the recorder under ``native`` (claims recorded, never
+enforced; on every shape but ``claims`` its requests declare none: the pool hooks alone) and
+the recorder under ``hard_protected`` with claims (``hard``), always with the recorder's Python
+hooks. Timed: CPU time of the engine thread (``time.thread_time_ns``) inside ``schedule()``
+and ``update_from_output()``: the scheduler's own work with every recorder hook in it, not the
+model, not the writer thread; the wall time of the same calls beside it.
 
 Paired rounds. Each round builds two engines in one process, vanilla vLLM and one
 configuration, and steps them in turn on the same workload (the order reversed at each turn), so
@@ -19,7 +22,7 @@ the machine's drift hits both alike: on this shared VM the same plain run's sche
 first in a round measures a few percent slower, so the first position alternates between rounds
 and rounds are averaged in pairs (one each way). ``plain`` against ``plain`` is the null
 control: its added time is the table's resolution. ``--rounds`` rounds per configuration (made
-even), after one discarded warm-up round. Three shapes:
+even), after one discarded warm-up round. Four shapes:
 
 - ``prefix``: 400 requests over 24 shared documents (4-24 blocks) plus 1-3 unique blocks, 160
   usable blocks: heavy eviction (the shape of issue 9);
@@ -29,7 +32,10 @@ even), after one discarded warm-up round. Three shapes:
 - ``short``: added after the hot path was tuned on the other two, and not tuned on: 600 short
   requests (1-4 unique blocks, one in five behind a shared one-block system prompt, 2-16 output
   tokens), 48 at a time over 200 usable blocks: many arrivals and finishes, few hits, little
-  eviction (the recorder's fixed per-request cost).
+  eviction (the recorder's fixed per-request cost);
+- ``claims``: the claim path under ``native``: ``prefix``'s documents and pool, and one request
+  in five declares a claim (every recorder configuration declares them), so the claims in force
+  watch content that is evicted and cached again on every step.
 
 Per-event cost = median over balanced pairs of (configuration's scheduler CPU - plain's) /
 events recorded; ratio = median over balanced pairs of configuration / plain.
@@ -71,14 +77,16 @@ from benchmarks import _report  # noqa: E402
 
 _clock = time.thread_time_ns
 SPENT: dict[str, int] = {}  # scheduler CPU ns per timed engine
+WALL: dict[str, int] = {}  # wall ns of the same calls
 STEPS: dict[str, int] = {}
+_wall = time.perf_counter_ns
+# the section of a docs file this script's tables replace (``--write``)
 CONFIGS = ("plain", "native", "hard")
 POLICY = {"plain": None, "native": "native", "hard": "hard_protected",
-          "native-py": "native",  # the compiled hooks' Python twins (KVCLAIMS_HOOKS=python)
           "write_no_admit": "write_no_admit"}  # the last: the tests' negative control
-# Engine table rows: a configuration against vanilla vLLM, or ``base:config`` (the last row:
-# the compiled hooks against their Python twins, paired directly)
-ENGINE_ROWS = ("plain", "native", "native-py", "hard", "native-py:native")
+# Engine table rows: a configuration against vanilla vLLM, or ``base:config`` (two
+# configurations paired directly)
+ENGINE_ROWS = ("plain", "native", "hard")
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -150,43 +158,71 @@ def short_shape(n: int = 600, seed: int = 2) -> tuple[list[Phase], int]:
     return [reqs[i:i + 48] for i in range(0, n, 48)], 200
 
 
-SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape}
+def claims_shape(n: int = 400, seed: int = 3) -> tuple[list[Phase], int]:
+    """The claim path under ``native``: ``n`` requests over 24 shared documents (4-24 blocks)
+    plus 1-3 unique blocks, 16 at a time over 160 usable blocks, as ``prefix``; one request in
+    five declares its own claim (no mode: the policy's default, recorded and judged, never
+    enforced under ``native``), every other one on the document only (``threshold_blocks``).
+    Claims are never released, so the claims in force grow to ``n / 5`` and watch every
+    document: bound content evicted and cached again on every step."""
+    from kvclaims.sources.scenarios import BLOCK_SIZE, tokens
+
+    rng = random.Random(seed)
+    docs = [tokens(1000 + d, rng.randint(4, 24)) for d in range(24)]
+    reqs: list[Request] = []
+    for i in range(n):
+        d = rng.randrange(len(docs))
+        claim = None
+        if i % 5 == 0:
+            claim = {"claim_id": f"k-{i}", "tenant": f"t{i % 4}"}
+            if i % 10 == 0:
+                claim["threshold_blocks"] = len(docs[d]) // BLOCK_SIZE
+        reqs.append((f"k{i}", docs[d] + tokens(5000 + i, rng.randint(1, 3)), claim, 4))
+    return [reqs[i:i + 16] for i in range(0, n, 16)], 160
+
+
+SHAPES = {"prefix": prefix_shape, "multiturn": multiturn_shape, "short": short_shape,
+          "claims": claims_shape}
+# NOTE: shapes whose claims every recorder configuration declares (the others declare theirs
+# under ``hard`` only: the rows without claims measure the pool hooks alone)
+CLAIMS_UNDER_EVERY_POLICY = frozenset({"claims"})
 
 
 # -- real engines ----------------------------------------------------------------------------
 
 def timed(base: type, key: str = "run") -> type:
     """``base`` with the engine thread's CPU time in schedule()/update_from_output() counted
-    under ``key`` (in ``SPENT``; scheduler steps in ``STEPS``)."""
+    under ``key`` (in ``SPENT``; their wall time in ``WALL``; scheduler steps in ``STEPS``)."""
 
     class Timed(base):  # type: ignore[misc, valid-type]
         def schedule(self, *a: Any, **k: Any) -> Any:
             STEPS[key] += 1
-            t0 = _clock()
+            w0, t0 = _wall(), _clock()
             try:
                 return super().schedule(*a, **k)
             finally:
                 SPENT[key] += _clock() - t0
+                WALL[key] += _wall() - w0
 
         def update_from_output(self, *a: Any, **k: Any) -> Any:
-            t0 = _clock()
+            w0, t0 = _wall(), _clock()
             try:
                 return super().update_from_output(*a, **k)
             finally:
                 SPENT[key] += _clock() - t0
+                WALL[key] += _wall() - w0
 
     Timed.__name__ = f"Timed{base.__name__}"
     return Timed
 
 
 def build_engine(config: str, usable: int, out: Path, key: str, *,
-                 async_scheduling: bool = False, python_hooks: bool = False) -> Any:
+                 async_scheduling: bool = False) -> Any:
     """A fresh in-process engine for ``config`` whose scheduler time counts under ``key``; its
     ``Driver``.
 
     ``async_scheduling``: vLLM's ``AsyncScheduler`` and the recorder over it (a GPU engine;
-    the CPU build resolves async scheduling to off). ``python_hooks`` (implied by
-    ``native-py``): the compiled hooks' Python twins; else the compiled hooks where built.
+    the CPU build resolves async scheduling to off).
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import EngineArgs, LLMEngine
@@ -210,21 +246,18 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
         args["async_scheduling"] = True
     if policy is None:
         args.pop("additional_config")
-    SPENT[key] = STEPS[key] = 0
-    # NOTE: the recorder picks its hooks when the scheduler is built (hooks.compiled_hooks);
-    # the row's name says which, whatever the caller's environment says
-    saved = os.environ.pop("KVCLAIMS_HOOKS", None)
-    if python_hooks or config == "native-py":
-        os.environ["KVCLAIMS_HOOKS"] = "python"
-    try:
-        return Driver(LLMEngine.from_engine_args(EngineArgs(**args)))
-    finally:
-        os.environ.pop("KVCLAIMS_HOOKS", None)
-        if saved is not None:
-            os.environ["KVCLAIMS_HOOKS"] = saved
+    SPENT[key] = WALL[key] = STEPS[key] = 0
+    return Driver(LLMEngine.from_engine_args(EngineArgs(**args)))
 
 
-def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]) -> None:
+def _declares(config: str, shape: str) -> bool:
+    """Whether ``config``'s requests declare the shape's claims (``hard`` always; every
+    recorder configuration on a shape of ``CLAIMS_UNDER_EVERY_POLICY``)."""
+    return config == "hard" or (POLICY[config] is not None and shape in CLAIMS_UNDER_EVERY_POLICY)
+
+
+def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase],
+           shape: str = "") -> None:
     """Run every phase on every engine, stepping the engines in turn (the order reversed at
     each turn, so each engine follows the other as itself). On failure every engine
     is shut down before the error propagates."""
@@ -233,7 +266,8 @@ def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase]
         for phase in phases:
             for key, driver in drivers.items():
                 for name, prompt, claim, max_tokens in phase:
-                    driver.submit(name, prompt, claim=claim if configs[key] == "hard" else None,
+                    driver.submit(name, prompt,
+                                  claim=claim if _declares(configs[key], shape) else None,
                                   max_tokens=max_tokens)
             while any(d.engine.has_unfinished_requests() for d in drivers.values()):
                 order.reverse()
@@ -252,24 +286,26 @@ def _result(key: str, config: str, driver: Any, out: Path) -> dict[str, Any]:
     events = 0
     if POLICY[config] is not None:
         events = int(json.loads((out / "manifest.json").read_text())["events_written"])
-    return {"cpu_s": SPENT[key] / 1e9, "events": events, "steps": STEPS[key],
+    return {"cpu_s": SPENT[key] / 1e9, "wall_s": WALL[key] / 1e9, "events": events,
+            "steps": STEPS[key],
             "cached": {o.name: o.num_cached_tokens for o in driver.outcomes.values()},
             "finish": {o.name: (o.finish_reason, o.num_output_tokens)
                        for o in driver.outcomes.values()}}
 
 
 def run_engine(config: str, phases: list[Phase], usable: int, out: Path, *,
-               async_scheduling: bool = False, python_hooks: bool = False) -> dict[str, Any]:
+               async_scheduling: bool = False,
+               shape: str = "") -> dict[str, Any]:
     """One fresh in-process engine run alone; the scheduler's CPU seconds, events, steps, and
     each request's ``num_cached_tokens`` and output tokens as vLLM reported them to the client."""
-    driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling,
-                          python_hooks=python_hooks)
-    _drive({"run": driver}, {"run": config}, phases)
+    driver = build_engine(config, usable, out, "run", async_scheduling=async_scheduling)
+    _drive({"run": driver}, {"run": config}, phases, shape)
     return _result("run", config, driver, out)
 
 
 def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
-                 base_first: bool, base: str = "plain") -> tuple[dict[str, Any], dict[str, Any]]:
+                 base_first: bool, base: str = "plain",
+                 shape: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """``base`` (vanilla vLLM unless told) and ``config`` in one process, stepped in turn on the
     same workload; (base's result, config's result).
 
@@ -280,7 +316,7 @@ def paired_round(config: str, phases: list[Phase], usable: int, out: Path,
     keys = ("base", "other") if base_first else ("other", "base")
     configs = {"base": base, "other": config}
     drivers = {k: build_engine(configs[k], usable, out / k, k) for k in keys}
-    _drive(drivers, configs, phases)
+    _drive(drivers, configs, phases, shape)
     return (_result("base", base, drivers["base"], out / "base"),
             _result("other", config, drivers["other"], out / "other"))
 
@@ -290,11 +326,10 @@ def _balanced(xs: list[float]) -> list[float]:
     return [(xs[i] + xs[i + 1]) / 2 for i in range(0, len(xs) - 1, 2)]
 
 
-def engine_table(shape: str, rounds: int, tmp: Path,
-                 configs: tuple[str, ...] = ENGINE_ROWS) -> list[str]:
-    """Paired rounds of plain vLLM against itself (the null control), ``native`` (compiled
-    hooks), ``native-py`` (their Python twins) and ``hard``, and of ``native`` against
-    ``native-py``, on one shape; the printed rows."""
+def engine_table(shape: str, rounds: int, tmp: Path, configs: tuple[str, ...] = ENGINE_ROWS
+                 ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Paired rounds of plain vLLM against itself (the null control), ``native`` and ``hard``
+    on one shape; the printed rows, and one record per row for the docs table."""
     phases, usable = SHAPES[shape]()
     n = sum(len(p) for p in phases)
     rounds += rounds % 2  # NOTE: an even count: every pair of rounds balances the positions
@@ -306,19 +341,21 @@ def engine_table(shape: str, rounds: int, tmp: Path,
             f"  {'config':<16}{'base CPU s':>12}{'config CPU s':>13}{'added ms':>10}"
             f"{'(min..max)':>16}{'events':>9}{'steps':>11}{'µs/event':>10}{'ratio':>7}"
             f"{'same hits':>11}"]
+    table: list[dict[str, Any]] = []
     for row in configs:
         base, _, config = row.rpartition(":")
         base = base or "plain"
         pairs = []
         for r in range(rounds):
             plain, other = paired_round(config, phases, usable, tmp / f"{shape}-{row}-{r}",
-                                        base_first=r % 2 == 0, base=base)
+                                        base_first=r % 2 == 0, base=base, shape=shape)
             pairs.append((plain, other))
             print(f"  {shape} {row} round {r + 1}/{rounds}: {base} {plain['cpu_s']:.3f} s, "
                   f"{config} {other['cpu_s']:.3f} s, {other['events']:,} events",
                   file=sys.stderr, flush=True)
         added = _balanced([o["cpu_s"] - p["cpu_s"] for p, o in pairs])
         ratio = _balanced([o["cpu_s"] / p["cpu_s"] for p, o in pairs])
+        wall_ratio = _balanced([o["wall_s"] / p["wall_s"] for p, o in pairs])
         events = int(statistics.median(o["events"] for _, o in pairs))
         # NOTE: plain's steps / the configuration's: enforcement (hard) changes the schedule
         # itself, so its added time includes vLLM's own work for the extra steps
@@ -334,7 +371,16 @@ def engine_table(shape: str, rounds: int, tmp: Path,
             f"{f'{steps[0]}/{steps[1]}':>11}{per_event}"
             f"{statistics.median(ratio):7.2f}{'-' if same is None else str(same):>11}")
         print(rows[-1], file=sys.stderr, flush=True)
-    return rows
+        table.append({
+            "shape": shape, "row": row, "rounds": rounds, "events": events,
+            "base_cpu_s": statistics.median(p["cpu_s"] for p, _ in pairs),
+            "cpu_s": statistics.median(o["cpu_s"] for _, o in pairs),
+            "base_wall_s": statistics.median(p["wall_s"] for p, _ in pairs),
+            "wall_s": statistics.median(o["wall_s"] for _, o in pairs),
+            "added_ms": med * 1e3, "us_per_event": med / events * 1e6 if events else None,
+            "ratio": statistics.median(ratio), "wall_ratio": statistics.median(wall_ratio),
+            "same_hits": same})
+    return rows, table
 
 
 # -- lockstep: the schedulers alone, driven side by side -------------------------------------
@@ -348,13 +394,13 @@ def _vllm_test_utils() -> Any:
     return vllm_upstream.vllm_test_utils()
 
 
-def lockstep_run(shape: str, tmp: Path, utils: Any,
-                 cold_mib: int = 0) -> tuple[dict[str, float], dict[str, int]]:
+def lockstep_run(shape: str, tmp: Path, utils: Any, cold_mib: int = 0
+                 ) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
     """One pass of ``shape`` through plain, native and hard schedulers built by vLLM's own test
     helper, stepped side by side (each step: every scheduler's schedule() and
     update_from_output() in turn, the order alternating), with hand-made model outputs of one
     token per request (no model, as vLLM's scheduler tests do). Returns each configuration's
-    scheduler CPU seconds and events written.
+    scheduler CPU seconds, events written and the wall seconds of the same calls.
 
     ``cold_mib``: before each timed call, untimed, read that many MiB of memory, as a CPU
     engine's model forward does between scheduler calls, so the call starts with cold caches.
@@ -387,12 +433,13 @@ def lockstep_run(shape: str, tmp: Path, utils: Any,
             max_num_batched_tokens=8192, max_num_seqs=256,
             scheduler_cls=Scheduler if POLICY[config] is None else rs.KVClaimsScheduler)
     spent = dict.fromkeys(CONFIGS, 0)
+    wall = dict.fromkeys(CONFIGS, 0)
     order = list(CONFIGS)
     for phase in phases:
         for config, sched in scheds.items():
             for name, prompt, claim, max_tokens in phase:
                 params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=(
-                    {"kv_claim": claim} if claim and config == "hard" else None))
+                    {"kv_claim": claim} if claim and _declares(config, shape) else None))
                 params.update_from_generation_config({}, 2)
                 sched.add_request(VRequest(
                     request_id=name, prompt_token_ids=prompt, sampling_params=params,
@@ -405,9 +452,10 @@ def lockstep_run(shape: str, tmp: Path, utils: Any,
                     continue
                 if sweep is not None:
                     sweep.sum()
-                t0 = _clock()
+                w0, t0 = _wall(), _clock()
                 out = sched.schedule()
                 spent[config] += _clock() - t0
+                wall[config] += _wall() - w0
                 ids = list(out.num_scheduled_tokens)
                 result = ModelRunnerOutput(
                     req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -415,9 +463,10 @@ def lockstep_run(shape: str, tmp: Path, utils: Any,
                     prompt_logprobs_dict={}, pooler_output=[])
                 if sweep is not None:
                     sweep.sum()
-                t0 = _clock()
+                w0, t0 = _wall(), _clock()
                 sched.update_from_output(out, result)
                 spent[config] += _clock() - t0
+                wall[config] += _wall() - w0
     events = {}
     for config, sched in scheds.items():
         events[config] = 0
@@ -425,12 +474,14 @@ def lockstep_run(shape: str, tmp: Path, utils: Any,
             sched.shutdown()
             events[config] = int(json.loads(
                 (tmp / config / "manifest.json").read_text())["events_written"])
-    return {c: v / 1e9 for c, v in spent.items()}, events
+    return ({c: v / 1e9 for c, v in spent.items()}, events,
+            {c: v / 1e9 for c, v in wall.items()})
 
 
-def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any,
-                   cold_mib: int = 0) -> list[str]:
-    """``rounds`` lockstep passes of one shape; the printed rows (medians over rounds)."""
+def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any, cold_mib: int = 0
+                   ) -> tuple[list[str], list[dict[str, Any]]]:
+    """``rounds`` lockstep passes of one shape; the printed rows (medians over rounds), and one
+    record per configuration for the docs table."""
     runs = [lockstep_run(shape, tmp / f"lock-{shape}-{cold_mib}-{r}", utils, cold_mib)
             for r in range(rounds)]
     plain = statistics.median(r[0]["plain"] for r in runs)
@@ -439,6 +490,8 @@ def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any,
             f"{caches}, {rounds} rounds",
             f"  {'config':<8}{'sched CPU s':>12}{'added ms':>10}{'events':>10}{'µs/event':>10}"
             f"{'ratio':>8}"]
+    table: list[dict[str, Any]] = []
+    plain_wall = statistics.median(r[2]["plain"] for r in runs)
     for config in CONFIGS:
         med = statistics.median(r[0][config] for r in runs)
         added = statistics.median(r[0][config] - r[0]["plain"] for r in runs)
@@ -446,7 +499,14 @@ def lockstep_table(shape: str, rounds: int, tmp: Path, utils: Any,
         per_event = f"{added / events * 1e6:10.2f}" if events else f"{'-':>10}"
         rows.append(f"  {config:<8}{med:12.3f}{added * 1e3:10.1f}{events:>10,}{per_event}"
                     f"{med / plain:8.2f}")
-    return rows
+        wall = statistics.median(r[2][config] for r in runs)
+        table.append({"shape": shape, "row": config, "rounds": rounds, "events": events,
+                      "base_cpu_s": plain, "cpu_s": med, "base_wall_s": plain_wall,
+                      "wall_s": wall, "added_ms": added * 1e3,
+                      "us_per_event": added / events * 1e6 if events else None,
+                      "ratio": med / plain, "wall_ratio": wall / plain_wall,
+                      "same_hits": None, "cold_mib": cold_mib})
+    return rows, table
 
 
 # -- the writer thread ------------------------------------------------------------------------
@@ -534,11 +594,34 @@ def writer_rows(args: argparse.Namespace, tmp: Path) -> list[str]:
     return rows
 
 
+# -- the docs section ---------------------------------------------------------------------------
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def engine_markdown(mode: str, table: list[dict[str, Any]]) -> str:
+    """The engine (or lockstep) rows as the docs show them: what was measured, then one table
+    row per configuration and shape."""
+    rows = []
+    for r in table:
+        name = "plain (null)" if r["row"] == "plain" else r["row"]
+        if r.get("cold_mib"):
+            name += f", {r['cold_mib']} MiB swept"
+        rows.append([r["shape"], name, r["rounds"], f"{r['base_cpu_s']:.3f}",
+                     f"{r['cpu_s']:.3f}", f"{r['base_wall_s']:.3f}", f"{r['wall_s']:.3f}",
+                     f"{r['added_ms']:.1f}", f"{r['events']:,}", _fmt(r["us_per_event"], ".2f"),
+                     f"{r['ratio']:.2f}", f"{r['wall_ratio']:.2f}"])
+    header = ["shape", "config", "rounds", "plain CPU s", "config CPU s", "plain wall s",
+              "config wall s", "added CPU ms", "events", "µs/event", "CPU ratio", "wall ratio"]
+    return mode + "\n\n" + _report.markdown_table(header, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the engine table per shape and the writer figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--shapes", default="prefix,multiturn,short")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--configs", default=",".join(ENGINE_ROWS),
                     help="engine rows, from: " + ", ".join(ENGINE_ROWS))
     ap.add_argument("--engine-only", action="store_true")
@@ -567,28 +650,45 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     rows: list[str] = []
+    table: list[dict[str, Any]] = []
+    writer: list[str] = []
+    mode = ""
     with tempfile.TemporaryDirectory() as tmp:
         if args.lockstep:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # OPT's 2,048 < 6,400
             utils = _vllm_test_utils()
+            mode = ("Lockstep: the schedulers alone (vLLM's `create_scheduler`, hand-made model "
+                    "outputs), plain, native and hard stepped side by side; medians over "
+                    "rounds; CPU and wall seconds of `schedule()` + `update_from_output()`.")
             for shape in shapes:
                 for cold in args.cold_mib:
-                    rows += lockstep_table(shape, args.rounds, Path(tmp), utils, cold)
-                    print("\n".join(rows[-5:]), file=sys.stderr, flush=True)
+                    printed, records = lockstep_table(shape, args.rounds, Path(tmp), utils, cold)
+                    rows += printed
+                    table += records
+                    print("\n".join(printed), file=sys.stderr, flush=True)
         elif not args.writer_only:
+            mode = ("Engines: real in-process vLLM CPU engines, vanilla vLLM and one "
+                    "configuration stepped in turn in one process per round (position-balanced "
+                    "pairs of rounds); CPU seconds of the engine thread and wall seconds in "
+                    "`schedule()` + `update_from_output()`, medians; added ms, µs per event and "
+                    "ratios are medians over balanced pairs; `plain (null)` is vanilla vLLM "
+                    "against itself (the resolution).")
             for shape in shapes:
-                rows += engine_table(shape, args.rounds, Path(tmp), configs)
-        engine_rows = len(rows)
+                printed, records = engine_table(shape, args.rounds, Path(tmp), configs)
+                rows += printed
+                table += records
         if not args.engine_only:
-            rows += writer_rows(args, Path(tmp))
+            writer = writer_rows(args, Path(tmp))
+            rows += writer
     print("\n".join(rows))
     # NOTE: one section per part, so that --writer-only or --lockstep replaces only its own
     engine = "recorder_overhead.lockstep" if args.lockstep else "recorder_overhead.engine"
-    parts = {engine: rows[:engine_rows], "recorder_overhead.writer": rows[engine_rows:]}
-    for name, part in parts.items():
-        if part:
-            _report.write_section(name, _report.preformatted(part), args.doc, script=__file__)
+    if table:
+        _report.write_section(engine, engine_markdown(mode, table), args.doc, script=__file__)
+    if writer:
+        _report.write_section("recorder_overhead.writer", _report.preformatted(writer),
+                              args.doc, script=__file__)
     return 0
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any, NamedTuple
 
 from kvclaims.recorder.claims import UNUSABLE_CLAIM_ID, ClaimDeclaration, Rejection, parse_claim
@@ -36,9 +37,13 @@ Emit = Callable[..., None]
 Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Claim:
-    """One accepted claim in force and its live state."""
+    """One accepted claim in force and its live state.
+
+    NOTE: slotted: the block hooks read and write ``missing`` once per claim binding the
+    content whose residency changed, the hottest attribute access of the claim path.
+    """
 
     decl: ClaimDeclaration
     request_id: str
@@ -49,6 +54,9 @@ class Claim:
     missing: int = 0  # positions < threshold not resident
     materialized: bool = False
     pinned: set[int] = field(default_factory=set)  # block ids this claim holds a pin on
+    # NOTE: fixed at acceptance (the mode and the run policy never change), read per block
+    protects: bool = False  # pins its resident blocks (enforcing policy, pinning mode)
+    residency: bool = False  # a loss of a counted position breaks its promise
 
 
 class Admission(NamedTuple):
@@ -87,6 +95,13 @@ class ClaimArbiter:
         self.claims: dict[str, Claim] = {}  # in force only
         self._expiring: dict[str, Claim] = {}  # in force with a deadline
         self._by_hash: dict[Hashable, list[tuple[Claim, int]]] = {}
+        # NOTE: two views of ``_by_hash``, kept with it by ``_accept`` / ``_unwatch`` so the
+        # block hooks walk only the entries a residency change can act on: ``_counted``, the
+        # claims binding the content at a position below their threshold (in ``_by_hash``
+        # order); ``_pinners``, the (claim, position) entries of protecting claims (empty
+        # under a policy that does not enforce)
+        self._counted: dict[Hashable, list[Claim]] = {}
+        self._pinners: dict[Hashable, list[tuple[Claim, int]]] = {}
         self._resident: dict[Hashable, dict[int, Block]] = {}  # watched content only
         self._pins: dict[int, set[str]] = {}
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
@@ -162,7 +177,8 @@ class ClaimArbiter:
         mode = decl.protection_mode or self.policy.default_mode
         threshold = decl.threshold_blocks or len(hashes)
         deadline = None if decl.ttl_s is None else self._clock() + decl.ttl_s
-        claim = Claim(decl, request_id, mode, threshold, hashes, deadline)
+        claim = Claim(decl, request_id, mode, threshold, hashes, deadline,
+                      protects=self._would_protect(mode), residency=mode in RESIDENCY_MODES)
         cid = decl.claim_id
         self.claims[cid] = claim
         if deadline is not None:
@@ -177,13 +193,17 @@ class ClaimArbiter:
         n = len(hashes)
         if n:
             self._bound(cid, hashes)
-        protects = self._protects(claim)
+        protects = claim.protects
         for position, key in enumerate(hashes):
             entries = self._by_hash.get(key)
             if entries is None:
                 entries = self._by_hash[key] = []
                 self._watch(key)
             entries.append((claim, position))
+            if position < threshold:
+                self._counted.setdefault(key, []).append(claim)
+            if protects:
+                self._pinners.setdefault(key, []).append((claim, position))
             copies = self._resident.get(key)
             if position < threshold and not copies:
                 claim.missing += 1
@@ -217,41 +237,38 @@ class ClaimArbiter:
 
     def on_resident(self, block: Block, key: Hashable) -> None:
         """A block now holds reusable content (cached, or hit by a request)."""
-        entries = self._by_hash.get(key)
-        if not entries:
-            return
-        copies = self._resident.setdefault(key, {})
-        first_copy = not copies
-        copies[block.block_id] = block
-        for claim, position in list(entries):
-            if first_copy and position < claim.threshold:
-                claim.missing -= 1
-                self._check_materialized(claim)
-            if self._protects(claim):
-                self._pin(claim, block, position)
+        self.on_resident_many((block,), (key,))
 
     def on_resident_many(self, blocks: Sequence[Block], keys: Sequence[Hashable]) -> None:
-        """``on_resident`` for the watched ones among parallel blocks and keys."""
+        """A block of ``blocks`` now holds the reusable content of its key in ``keys`` (cached,
+        or hit by a request); only watched content is looked at.
+
+        NOTE: the first copy of content counts for the claims binding it below their
+        threshold; any copy is pinned for the protecting ones. A further copy under a policy
+        that does not enforce (a hit on resident content, the usual case) is one dict store.
+        """
         watched = self._by_hash
-        for block, key in zip(blocks, keys):
-            if key in watched:
-                self.on_resident(block, key)
+        resident = self._resident
+        counted = self._counted
+        pinners = self._pinners
+        for block, key in compress(zip(blocks, keys), map(watched.__contains__, keys)):
+            copies = resident.get(key)
+            if copies:
+                copies[block.block_id] = block
+            else:
+                resident[key] = {block.block_id: block}
+                for claim in counted.get(key, ()):
+                    missing = claim.missing - 1
+                    claim.missing = missing
+                    if not missing and not claim.materialized:
+                        self._check_materialized(claim)
+            if pinners:
+                for claim, position in pinners.get(key, ()):
+                    self._pin(claim, block, position)
 
     def on_lost(self, block_id: int, key: Hashable) -> None:
         """A block's content was evicted; report harm where a predicate breaks."""
-        copies = self._resident.get(key)
-        if not copies or copies.pop(block_id, None) is None or copies:
-            return
-        del self._resident[key]
-        for claim, position in self._by_hash.get(key, ()):
-            if position >= claim.threshold:
-                continue
-            claim.missing += 1
-            # NOTE: only a residency promise is broken by the loss itself (docs/design.md §3):
-            # best_effort promised nothing, and whether a soft_priority loss broke its order
-            # depends on the other evictable blocks, which only the offline timeline sees
-            if claim.missing == 1 and claim.materialized and claim.mode in RESIDENCY_MODES:
-                self.broken.setdefault(claim, key)
+        self.on_lost_many((block_id,), (key,))
 
     def end_of_step(self) -> None:
         """Report the harm of every claim still broken when the scheduler step ends.
@@ -269,11 +286,28 @@ class ClaimArbiter:
                 self._emit("claim_harmed", claim_id=claim.decl.claim_id, block_hash=key)
 
     def on_lost_many(self, block_ids: Sequence[int], keys: Sequence[Hashable]) -> None:
-        """``on_lost`` for the watched ones among parallel block ids and keys."""
+        """The block of ``block_ids`` lost the content of its key in ``keys`` (evicted); only
+        watched content is looked at. Losing the last copy counts against the claims binding
+        it below their threshold, and breaks the residency promise of a materialized one
+        (reported at the step's end, ``end_of_step``)."""
         watched = self._by_hash
-        for block_id, key in zip(block_ids, keys):
-            if key in watched:
-                self.on_lost(block_id, key)
+        resident = self._resident
+        counted = self._counted
+        broken = self.broken
+        for block_id, key in compress(zip(block_ids, keys), map(watched.__contains__, keys)):
+            copies = resident.get(key)
+            if not copies or copies.pop(block_id, None) is None or copies:
+                continue
+            del resident[key]
+            for claim in counted.get(key, ()):
+                missing = claim.missing + 1
+                claim.missing = missing
+                # NOTE: only a residency promise is broken by the loss itself (docs/design.md
+                # §3): best_effort promised nothing, and whether a soft_priority loss broke its
+                # order depends on the other evictable blocks, which only the offline timeline
+                # sees
+                if missing == 1 and claim.materialized and claim.residency:
+                    broken.setdefault(claim, key)
 
     def on_reset(self) -> None:
         """vLLM dropped every cached hash (``reset_prefix_cache``)."""
@@ -347,6 +381,9 @@ class ClaimArbiter:
             if entries is None:
                 continue
             entries[:] = [e for e in entries if e[0] is not claim]
+            _store(self._counted, key, [c for c in self._counted.get(key, ()) if c is not claim])
+            _store(self._pinners, key,
+                   [e for e in self._pinners.get(key, ()) if e[0] is not claim])
             if not entries:
                 del self._by_hash[key]
                 self._resident.pop(key, None)
@@ -446,9 +483,6 @@ class ClaimArbiter:
         return sum(1 for b in claim.pinned if self._pins.get(b) == {cid})
 
     # ----------------------------------------------------------------- pins
-    def _protects(self, claim: Claim) -> bool:
-        return self.policy.enforce and claim.mode in PINNING_MODES
-
     def _pin(self, claim: Claim, block: Block, position: int) -> None:
         cid = claim.decl.claim_id
         owners = self._pins.get(block.block_id)
@@ -481,6 +515,14 @@ class ClaimArbiter:
         if claim.missing == 0 and not claim.materialized:
             claim.materialized = True
             self._emit("claim_materialized", claim_id=claim.decl.claim_id)
+
+
+def _store(view: dict[Hashable, list], key: Hashable, entries: list) -> None:
+    """Keep ``entries`` under ``key``, or drop the key when none is left."""
+    if entries:
+        view[key] = entries
+    else:
+        view.pop(key, None)
 
 
 def _str_or_none(v: Any) -> str | None:

@@ -201,7 +201,11 @@ class RecordingBlockPool:
         self.kvc_stage(("block_evicted", len(ids), _now(), _EVICTED, cause, request_id,
                         *ids, *keys))
         if self.kvc_arbiter.watched:
-            self.kvc_sched.kvc_safely(self.kvc_arbiter.on_lost_many, ids, keys)
+            # NOTE: kvc_safely inlined (one frame less per loss list); the same failure report
+            try:
+                self.kvc_arbiter.on_lost_many(ids, keys)
+            except Exception as exc:  # noqa: BLE001
+                self.kvc_sched.kvc_failed("on_lost_many", exc)
 
     def kvc_lost_now(self, block_id: int, key: bytes) -> None:
         """A loss outside an allocation or ``evict_blocks`` call (vLLM evicting one block)."""
@@ -271,7 +275,11 @@ class RecordingBlockPool:
         self.kvc_stage(("block_cached", len(ids), _now(), _CACHED, request.request_id,
                         *ids, *keys, *parents, *positions))
         if self.kvc_arbiter.watched:
-            self.kvc_sched.kvc_safely(self.kvc_arbiter.on_resident_many, kept, keys)
+            # NOTE: kvc_safely inlined (one frame less per cache step); the same failure report
+            try:
+                self.kvc_arbiter.on_resident_many(kept, keys)
+            except Exception as exc:  # noqa: BLE001
+                self.kvc_sched.kvc_failed("on_resident_many", exc)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
         blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)

@@ -368,6 +368,49 @@ def test_claims_in_force_stay_watched():
     assert list(arb.claims) == ["c"] and b"a" in arb.watched and arb.has_deadlines
 
 
+def _sharing(policy: str, release_first: bool) -> tuple[ClaimArbiter, Recorded]:
+    """Two claims on the same content, resident in block 1; the first released or not."""
+    arb, rec = arbiter(policy)
+    for n in (1, 2):
+        arb.on_request(f"r{n}", {"claim_id": f"c{n}", "tenant": "t"}, [], [b"a"], "t")
+    cache(arb, [b"a"], 1)
+    if release_first:
+        arb.release("c1")
+    return arb, rec
+
+
+def _harmed(rec: Recorded) -> list[str]:
+    return [f["claim_id"] for e, f in rec.events if e == "claim_harmed"]
+
+
+def test_a_released_claim_is_not_judged_on_content_it_shared():
+    arb, rec = _sharing("native", release_first=True)
+    arb.on_lost(1, b"a")
+    arb.end_of_step()
+    assert _harmed(rec) == ["c2"]
+
+
+def test_claims_sharing_lost_content_are_each_judged():
+    arb, rec = _sharing("native", release_first=False)
+    arb.on_lost(1, b"a")
+    arb.end_of_step()
+    assert _harmed(rec) == ["c1", "c2"]
+
+
+def test_a_released_claim_pins_no_new_copy_of_content_it_shared():
+    arb, rec = _sharing("hard_protected", release_first=True)
+    arb.on_resident(Block(2), b"a")
+    arb.release("c2")
+    assert arb.protected_blocks == 0 and sorted(rec.unpinned) == [1, 2]
+
+
+def test_a_claim_in_force_keeps_every_copy_of_its_content_pinned():
+    arb, rec = _sharing("hard_protected", release_first=False)
+    arb.on_resident(Block(2), b"a")
+    arb.release("c2")
+    assert arb.protected_blocks == 2 and rec.unpinned == []
+
+
 def test_protected_split_counts_other_tenants_blocks_without_naming_them():
     arb, _ = _owned()
     assert arb.protected_split("acme") == (0, 2)
