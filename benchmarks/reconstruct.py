@@ -474,7 +474,7 @@ def fmt(r: dict[str, Any]) -> list[str]:
         f"  peak RSS                     {r['rss_mib']:,.0f} MiB "
         f"(before reading, after a 20 k-event warm-up audit: {r['rss_gen_mib']:,.0f} MiB; "
         "generated in a child process)",
-        f"  labels check                 "
+        "  labels check                 "
         + (f"OK: {r['checked']:,} losses agree" if not r["n_mismatches"] else
            f"MISMATCH: {r['n_mismatches']:,} of {r['checked']:,}, e.g. {r['mismatches']}"),
         f"  labels                       {r['labels']}",
@@ -504,8 +504,9 @@ SUMMARY_HEADER = ["shape", "events", "bare scan, M ev/CPU-s / M ev/s",
                   "checked loader", "pass alone", "all tables", "end to end (+ Parquet)",
                   "e2e / scan (CPU)", "plain-Python replay, M ev/CPU-s", "e2e / replay",
                   "peak RSS", "labels cross-check"]
-TARGETS_NOTE = (f"Targets (issue 28, CPU terms): end to end >= {TARGET_E2E_RATE / 1e6:.0f} M events "
-                f"per CPU-second, <= {TARGET_SCAN_RATIO:.0f}x the bare scan's CPU, "
+TARGETS_NOTE = ("Targets (issue 28, CPU terms): end to end >= "
+                f"{TARGET_E2E_RATE / 1e6:.0f} M events per CPU-second, "
+                f"<= {TARGET_SCAN_RATIO:.0f}x the bare scan's CPU, "
                 f">= {TARGET_PY_RATIO:.0f}x the plain-Python replay. CPU: user + system of the "
                 "process and its children, all threads.")
 
@@ -565,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     # NOTE: a section per trace size, so a 100 M run does not replace the 10 M figures
     size = f"{args.events // 1_000_000}M" if args.events >= 1_000_000 else str(args.events)
     _report.write_section(
-        f"reconstruct.{size}", _report.markdown_table(SUMMARY_HEADER, [summary_row(r) for r in results])
+        f"reconstruct.{size}",
+        _report.markdown_table(SUMMARY_HEADER, [summary_row(r) for r in results])
         + f"\n\n{TARGETS_NOTE}\n\nDuckDB memory_limit {args.memory_limit}; per shape:\n\n"
         + _report.preformatted(details), args.doc, script=__file__)
     return 0 if all(r["n_mismatches"] == 0 for r in results) else 1
