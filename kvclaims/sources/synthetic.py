@@ -18,6 +18,11 @@ Two shapes (``SHAPES``):
   that a demoted claim is demotable and an expired one expiring (ttl 1 us), so every end is
   legitimate (docs/design.md §5); releases are the operator's; claim ids are reused (a new
   instance each time); a 2000-block pool and resets.
+- ``mixed`` (a shape the pass was not designed around; benchmarks write it as many short runs,
+  ``MIXED_POLICIES`` in turn): the dense shape's modes and ends, but a claim's lifecycle end
+  comes ``hold`` requests after its request finished (long-lived claims: their blocks are
+  evicted, reused and re-cached while they are in force), one request in three claims, no
+  resets.
 """
 
 from __future__ import annotations
@@ -55,13 +60,19 @@ class Shape:
     generation: int = 1        # rounds a shared chain lives
     dense: bool = False        # modes and ends cycle, ids reused
     reset_every: int = 0
+    hold: int = 0              # a claim's end comes this many requests after its own slot
 
 
 SHAPES: dict[str, Shape] = {
     "sparse": Shape(),
     "dense": Shape(n=16, pool=2000, claim_every=2, shared=8, families=64, generation=8,
                    dense=True, reset_every=5003),
+    "mixed": Shape(n=16, pool=1024, claim_every=3, shared=8, families=64, generation=8,
+                   dense=True, hold=160),
 }
+# Run policies the ``mixed`` shape's runs take in turn (labels do not depend on them).
+MIXED_POLICIES: list[str] = ["native", "hard_protected", "demote_on_conflict", "ttl_expiry",
+                             "write_no_admit"]
 
 
 def template(n: int) -> list[tuple[str, int]]:
@@ -109,8 +120,11 @@ def chunk_batch(r0: int, r1: int, n: int, pool: int, seq0: int, run_id: str,
     ev = np.array(np.broadcast_to(ev_code, (R, T)))
     ps = np.broadcast_to(pos, (R, T))
     rq = np.broadcast_to(reqs[:, None], (R, T))
-    claim = (rq % shape.claim_every) == 0
-    ci = rq // shape.claim_every                       # claim ordinal
+    is_end_slot = ev == E["claim_released"]
+    # NOTE: an end slot ends the claim of the request ``hold`` requests before (``src``)
+    src = rq - shape.hold * is_end_slot if shape.hold else rq
+    claim = ((src % shape.claim_every) == 0) & (src >= 0)
+    ci = src // shape.claim_every                      # claim ordinal
     if shape.dense:
         end = np.asarray(ENDS)[ci % len(ENDS)]
         # NOTE: a demotion or an expiry ends force only for the mode that allows it
@@ -121,7 +135,6 @@ def chunk_batch(r0: int, r1: int, n: int, pool: int, seq0: int, run_id: str,
     else:
         end = np.where(ci % 2 == 0, E["claim_released"], -1)
         mode = np.full((R, T), MODES.index("hard_protected"))
-    is_end_slot = ev == E["claim_released"]
     ev = np.where(is_end_slot & (end >= 0), end, ev)
     g = rq * n + ps                                    # global block index
     block_id = (g % pool) + 1
@@ -203,17 +216,17 @@ def events_per_request(shape: Shape) -> float:
 
 def write_trace(out: Path, events: int, n: int = 8, pool: int = 4096, *, reset_every: int = 0,
                 run_id: str = "bench", progress: bool = True,
-                shape: Shape | None = None) -> int:
+                shape: Shape | None = None, policy: str = "native") -> int:
     """Write a synthetic run directory of about ``events`` events; return the exact count."""
     shape = shape or Shape(n=n, pool=pool, reset_every=reset_every)
     requests = max(1, int(events / events_per_request(shape)))
     step = 20_000
-    with RunWriter(out, {"run_id": run_id, "policy": "native", "usable_blocks": shape.pool,
+    with RunWriter(out, {"run_id": run_id, "policy": policy, "usable_blocks": shape.pool,
                          "runtime": "synthetic"}, rotate_bytes=256 << 20) as w:
         # NOTE: every run starts with run_started at seq 0 (a run without its head is unknown)
         w.write_batch(events_to_table([{
             "run_id": run_id, "seq": 0, "ts_ns": 0, "event": "run_started",
-            "runtime": "synthetic", "policy": "native", "usable_blocks": shape.pool,
+            "runtime": "synthetic", "policy": policy, "usable_blocks": shape.pool,
             "num_blocks": shape.pool + 1, "schema_version": SCHEMA_VERSION}]).to_batches()[0])
         seq = 1
         for r0 in tqdm(range(0, requests, step), desc="generate", unit="chunk",
@@ -223,3 +236,15 @@ def write_trace(out: Path, events: int, n: int = 8, pool: int = 4096, *, reset_e
             seq += batch.num_rows
             w.write_batch(batch)
     return seq
+
+
+def write_mixed(out: Path, events: int, runs: int = 64, *, progress: bool = False) -> int:
+    """Write the ``mixed`` shape: ``runs`` short run directories ``OUT/run000..`` of about
+    ``events`` events together, their policies ``MIXED_POLICIES`` in turn (run ids
+    ``mixed-000``..); return the exact count."""
+    total = 0
+    for i in tqdm(range(runs), desc="generate", unit="run", disable=not progress):
+        total += write_trace(out / f"run{i:03d}", max(1, events // runs), run_id=f"mixed-{i:03d}",
+                             progress=False, shape=SHAPES["mixed"],
+                             policy=MIXED_POLICIES[i % len(MIXED_POLICIES)])
+    return total
