@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 #: The docs whose marked blocks are generated.
-DOCS = ("docs/explain.md", "docs/sql.md", "docs/after-an-incident.md")
+DOCS = ("README.md", "docs/explain.md", "docs/sql.md", "docs/after-an-incident.md")
 MARKER = re.compile(r"^<!-- example: (?P<cmd>.+?) -->\n(?P<fence>```\w*)\n(?P<body>.*?)^```$",
                     re.M | re.S)
 #: The sweep point after-an-incident.md works on, copied as ``native-80``.

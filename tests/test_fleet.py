@@ -4,7 +4,7 @@ machine.
 Spark starts once per module (a JVM); the fleet is a handful of shipped runs, a generated run,
 a run split into many segments and a run with a hole. Each task runs the single-machine audit
 over its run(s) and writes every table; Spark SQL runs only the fleet views
-(reconstruct/fleet.py, queries/fleet/).
+(kvclaims/fleet.py, queries/fleet/).
 """
 
 from __future__ import annotations

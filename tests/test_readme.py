@@ -12,7 +12,7 @@ from kvclaims import cli
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-MAX_BYTES = 15 * 1024
+MAX_BYTES = 15_000  # NOTE: 15 KB
 _FENCE = re.compile(r"```bash\n(.*?)```", re.S)
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
