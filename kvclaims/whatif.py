@@ -22,7 +22,8 @@ import json
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from typing import Any
 import kvclaims
 from kvclaims.contract.policies import get_policy
 from kvclaims.contract.schema import InputError
+from kvclaims.recorder import buffer as rec_buffer
+from kvclaims.recorder import hooks as rec_hooks
 from kvclaims.reconstruct.loader import load_runs
 from kvclaims.sources.scenarios import SCENARIOS, engine_args
 from kvclaims.sources.tiny_model import TINY_CONFIG
@@ -349,8 +352,10 @@ def replay(workload: Workload, policy: str, usable_blocks: int, out: str | Path,
     run_id = run_id or f"{workload.source_run_id}-whatif-{policy}-{usable_blocks}"
     notes = list(workload.approximations)
     started = time.perf_counter()
-    sched, skipped = _build_scheduler(workload, policy, usable_blocks, out, run_id, notes)
-    steps = _drive(sched, workload, usable_blocks, skipped, notes)
+    clock = _Clock()
+    with _recorder_on(clock):
+        sched, skipped = _build_scheduler(workload, policy, usable_blocks, out, run_id, notes)
+        steps = _drive(sched, workload, usable_blocks, skipped, notes, clock)
     seconds = time.perf_counter() - started
     _finish_manifest(out, notes, steps)
     return ReplayResult(out, run_id, policy, usable_blocks, steps, seconds, not notes, notes)
@@ -475,14 +480,33 @@ def _step_time(workload: Workload, recorded_step: int) -> float:
     return ts / 1e9
 
 
+@contextmanager
+def _recorder_on(clock: _Clock) -> Iterator[None]:
+    """Run the recorder on the replay's clock: every ``ts_ns`` it writes is the recorded run's
+    time at the matching step, so the audit judges a TTL in the replay as in the recording.
+
+    NOTE: the recorder reads the monotonic clock through these module names (bound once, for
+    the hot path); a replay runs no vLLM engine that could need the real clock meanwhile.
+    """
+    import kvclaims.recorder.scheduler as rec_scheduler  # NOTE: imports vLLM
+
+    def now_ns() -> int:
+        return int(clock.now_s * 1e9)
+
+    saved = (rec_buffer._monotonic_ns, rec_hooks._now, rec_scheduler._now)
+    rec_buffer._monotonic_ns = rec_hooks._now = rec_scheduler._now = now_ns
+    try:
+        yield
+    finally:
+        rec_buffer._monotonic_ns, rec_hooks._now, rec_scheduler._now = saved
+
+
 def _drive(sched: Any, workload: Workload, usable: int, skipped: set[str],
-           notes: list[str]) -> int:
+           notes: list[str], clock: _Clock) -> int:
     """Run the request stream through ``sched`` until every request has finished."""
     from vllm.v1.request import RequestStatus
 
-    clock = _Clock()
-    # NOTE: the arbiter reads its clock for ttl deadlines and deferral times only; every
-    # other time the recorder writes (ts_ns) is the replay's own
+    # NOTE: the arbiter reads the same clock for ttl deadlines and deferral times
     sched.kvc_arbiter._clock = clock
     hasher = _block_hasher(sched)
     # NOTE: what the client did between steps (arrivals, aborts, operator releases), in the

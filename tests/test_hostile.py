@@ -29,30 +29,13 @@ import pytest
 from kvclaims.cli import main
 from kvclaims.reconstruct import core, loader
 from kvclaims.contract.trace_writer import SEALED_NAME, seal_segments
+from tests.test_fuzz_cli import bounded
 
 ROOT = Path(__file__).resolve().parents[1]
 EVICTED_SQL = "SELECT count(*) FROM events WHERE event = 'block_evicted'"
 # KVCLAIMS_HOSTILE_EVERY_BYTE=1: every footer byte through the whole read (minutes); by
 # default every byte is checked against the checksum and every 61st byte read end to end.
 EVERY_BYTE = os.environ.get("KVCLAIMS_HOSTILE_EVERY_BYTE") == "1"
-
-
-class Hang(BaseException):
-    """A command ran past its bound."""
-
-
-@contextlib.contextmanager
-def bounded(seconds: float) -> Iterator[None]:
-    def alarm(_sig: int, _frame: Any) -> None:
-        raise Hang(f"ran longer than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def run_cli(args: list[str], seconds: float = 600.0) -> tuple[int, str, str]:

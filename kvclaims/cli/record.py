@@ -274,7 +274,10 @@ def sweep(scenario: str, capacities: list[int], policies: list[str], out: Path, 
             if _complete(run_dir, read_manifest):
                 continue
             shutil.rmtree(run_dir, ignore_errors=True)  # a partial point is recorded again
-            record(scenario, usable, policy, run_dir, model_dir=model_dir)
+            # NOTE: a sweep's point is named by its place in the grid, the same on every
+            # recording (a resumed or re-recorded sweep keeps its points' ids); readers given
+            # two runs with one id tell them apart by path
+            record(scenario, usable, policy, run_dir, model_dir=model_dir, run_id=run_dir.name)
         progress.stage("closing: reconstructing every point", done=len(points),
                        total=len(points))
     rows = [{"scenario": scenario, **row}
