@@ -20,21 +20,10 @@ from kvclaims.recorder.arbiter import ClaimArbiter
 from kvclaims.recorder.claims import UNUSABLE_CLAIM_ID
 from kvclaims.contract.policies import POLICIES
 
+from tests.test_labels_rules import loss_labels, recon, rows
+
 FIX = Path(__file__).parent / "fixtures"
 DESIGN = Path(__file__).resolve().parent.parent / "docs" / "design.md"
-
-
-def recon(name: str) -> core.Tables:
-    events = core.load_jsonl([FIX / f"{name}.jsonl"])
-    return core.reconstruct(loader.Trace(events=events, manifests={}, truncated_runs=set()))
-
-
-def rows(t: core.Tables, sql: str) -> list[tuple]:
-    return t.con.sql(sql).fetchall()
-
-
-def loss_labels(t: core.Tables) -> list[str]:
-    return [r[0] for r in rows(t, "SELECT label FROM losses ORDER BY seq, block_id")]
 
 
 def finding_kinds(t: core.Tables) -> set[str]:
