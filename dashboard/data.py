@@ -287,11 +287,6 @@ def _isna(x: Any) -> bool:
 
 # -- Headline ------------------------------------------------------------------------------------
 
-#: Verdicts as the conformance page names them. NOTE: a check that nothing in the run exercised
-#: (``not_exercised``) is never shown or counted as a pass.
-VERDICTS: Final[tuple[str, ...]] = CHECK_VERDICTS
-
-
 def _verdict(v: Any) -> str:
     return str(v)
 
@@ -852,7 +847,7 @@ def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
 def verdict_counts(source: Source) -> dict[str, int]:
     """How many (run, check) verdicts are fail, unknown, pass and not_exercised."""
     counts = _audit(source).conformance["verdict"].map(_verdict).value_counts()
-    return {v: int(counts.get(v, 0)) for v in VERDICTS}
+    return {v: int(counts.get(v, 0)) for v in CHECK_VERDICTS}
 
 
 def conformance_matrix(source: Source) -> pd.DataFrame:

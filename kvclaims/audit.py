@@ -39,9 +39,6 @@ from kvclaims.reconstruct import core, loader
 from kvclaims.reconstruct.core import Tables, write_tables
 from kvclaims.reconstruct.loader import Trace, open_run, read_small_file
 
-#: Tables the reconstruction builds that the audit shows (besides ``events`` and
-#: ``manifests``); any other non-internal table a stage adds (e.g. ``lowering``) is shown too.
-RECONSTRUCTED: Final[tuple[str, ...]] = TABLE_NAMES
 #: Where ``kvclaims reconstruct`` writes a run's tables, and the stamp that says what from.
 RECONSTRUCTED_DIR: Final[str] = "reconstructed"
 STAMP_NAME: Final[str] = "_kvclaims_stamp.json"
@@ -431,7 +428,8 @@ def _shown(con: Any) -> list[str]:
     non-internal table a stage made (``kv_*`` are the stages' own)."""
     present = {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
-    shown = ["events", "manifests"] + [t for t in RECONSTRUCTED if t in present]
+    # NOTE: any other non-internal table a stage adds (e.g. ``lowering``) is shown too
+    shown = ["events", "manifests"] + [t for t in TABLE_NAMES if t in present]
     return shown + sorted(t for t in present if t not in shown and not t.startswith("kv_"))
 
 

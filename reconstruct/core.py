@@ -43,8 +43,7 @@ import pyarrow.compute as pc
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
-                                          TABLE_NAMES, VERDICT_TABLES, fill_sql,
-                                          vocabulary_tables)
+                                          TABLE_NAMES, VERDICT_TABLES, fill_sql)
 from kvclaims.reconstruct import checks, labels
 from kvclaims.contract import policies
 from kvclaims.reconstruct import loader
@@ -341,10 +340,6 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     kv_manifest = manifest_table(manifests, truncated_runs)
     kv_policies = _policies_table()
     kv_manifest_lowering = manifest_lowering_table(manifests)
-    for name, rows in vocabulary_tables().items():
-        con.register(f"{name}_in", pa.Table.from_pylist(rows))
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {name}_in")
-        con.unregister(f"{name}_in")
     kv_modes = _modes_table()
     con.register("kv_modes_in", kv_modes)
     con.execute("CREATE OR REPLACE TEMP TABLE kv_modes AS SELECT * FROM kv_modes_in")

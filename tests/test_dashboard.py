@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kvclaims.contract.vocabulary import CHECK_VERDICTS
 from kvclaims.dashboard import data
 from kvclaims.contract.schema import InputError
 
@@ -288,7 +289,7 @@ def test_conformance_of_shipped_runs_passes_or_is_not_exercised(audit: data.Page
     conf = data.conformance(audit)
     for run_id in audit.run_ids:
         assert conf.loc[conf["run_id"] == run_id, "check"].tolist() == list(data.CHECKS)
-    assert set(conf["verdict"]) <= set(data.VERDICTS)
+    assert set(conf["verdict"]) <= set(CHECK_VERDICTS)
     def verdicts(df: pd.DataFrame) -> dict:
         return {(r, c): v for r, c, v in df[["run_id", "check", "verdict"]].itertuples(
             index=False)}

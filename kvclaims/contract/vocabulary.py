@@ -1,10 +1,11 @@
 """The vocabulary of kvclaims, in one place (docs/design.md §4-§7).
 
 Every other part reads these names instead of retyping them: the recorder and the importers
-(modes), the labelling pass (label codes), the SQL stages and views (through the ``kv_*``
-tables and the ``{v:term}`` placeholders that ``reconstruct.core.stage_sql`` fills from
-``TERMS``), the dashboard, the report and the explanations. ``tests/test_vocabulary.py`` fails on
-a vocabulary literal in SQL, dashboard or report code that is not read from here.
+(modes), the labelling pass (label codes), the SQL stages and views (through the
+``{group.term}`` placeholders that ``fill_sql`` fills from ``GROUPS``), the dashboard, the
+report and the explanations (``LABEL.harm``, ``EVENT.claim_demoted``, ...).
+``tests/test_vocabulary.py`` fails on a vocabulary literal in SQL, dashboard, report or
+explanation code that is not read from here.
 
 NOTE: this module imports nothing of kvclaims: it is the bottom of the import graph.
 """
@@ -100,18 +101,6 @@ def fill_sql(text: str) -> str:
         return f"'{name}'"
 
     return _TERM.sub(term, text)
-
-
-def vocabulary_tables() -> dict[str, list[dict[str, object]]]:
-    """The vocabulary tables SQL joins on, as rows: ``kv_vocabulary`` (``grp``, ``term``,
-    ``rank``: 0 is first, i.e. most severe for labels and severities) and ``kv_labels``
-    (``label``, ``rank``, ``severity``: the labelling pass's code)."""
-    return {
-        "kv_vocabulary": [{"grp": group, "term": name, "rank": i}
-                          for group, names in GROUPS.items() for i, name in enumerate(names)],
-        "kv_labels": [{"label": name, "rank": i, "severity": LABEL_SEVERITY[name]}
-                      for i, name in enumerate(LABELS)],
-    }
 
 
 # -- the vocabulary as Python reads it -----------------------------------------------------------
