@@ -48,6 +48,7 @@ class Progress:
         self._expected = _load(key) if key else None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._drawing = threading.Lock()
         self._thread: threading.Thread | None = None
         self._width = 0
 
@@ -70,8 +71,11 @@ class Progress:
     def stage(self, name: str, done: int | None = None, total: int | None = None) -> None:
         """Enter (or update) a stage; ``done``/``total`` say how far it is."""
         with self._lock:
+            entered = name != self._stage
             self._stage, self._done, self._total = name, done, total
-        if self.enabled and self._thread is None:
+        # NOTE: a stage is drawn the moment it is entered, not at the next tick, so a stage
+        # shorter than the interval is still seen.
+        if self.enabled and (entered or self._thread is None):
             self._draw()
 
     def line(self) -> str:
@@ -97,13 +101,14 @@ class Progress:
         self._write(self.line())
 
     def _write(self, text: str) -> None:
-        pad = max(0, self._width - len(text))
-        try:
-            self.stream.write("\r" + text + " " * pad + ("\r" if not text else ""))
-            self.stream.flush()
-        except (OSError, ValueError):  # a closed terminal must not break the command
-            self.enabled = False
-        self._width = len(text)
+        with self._drawing:  # the ticking thread and a stage change may draw at once
+            pad = max(0, self._width - len(text))
+            try:
+                self.stream.write("\r" + text + " " * pad + ("\r" if not text else ""))
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed terminal must not break the command
+                self.enabled = False
+            self._width = len(text)
 
 
 def _isatty(stream: IO[str]) -> bool:

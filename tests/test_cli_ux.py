@@ -9,6 +9,7 @@ on the real vLLM CPU engine.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -192,6 +193,31 @@ def test_progress_line_says_time_left_once_the_work_has_a_known_duration(
     second.stage("scenario", done=2, total=5)
     assert second.line().startswith("record: scenario 2/5 · 0s elapsed · ~30s left")
 
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_stage_shorter_than_the_tick_is_still_drawn() -> None:
+    from kvclaims import progress as progress_mod
+
+    term = _Terminal()
+    with progress_mod.Progress("record", stream=term, interval=60) as p:
+        p.stage("scenario")
+        p.stage("closing")
+    assert "record: scenario" in term.getvalue() and "record: closing" in term.getvalue()
+
+
+def test_a_stage_is_not_redrawn_before_the_tick_when_only_its_count_moves() -> None:
+    from kvclaims import progress as progress_mod
+
+    term = _Terminal()
+    with progress_mod.Progress("record", stream=term, interval=60) as p:
+        p.stage("scenario", done=1, total=3)
+        p.stage("scenario", done=2, total=3)
+    assert "scenario 1/3" in term.getvalue() and "scenario 2/3" not in term.getvalue()
 
 # -- JSON shapes and the sweep table ---------------------------------------------------------------
 
