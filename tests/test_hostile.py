@@ -29,6 +29,7 @@ import pytest
 from kvclaims.cli import main
 from kvclaims.reconstruct import core, loader
 from kvclaims.contract.trace_writer import SEALED_NAME, seal_segments
+from kvclaims.sources import synthetic
 from tests.test_fuzz_cli import bounded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -679,6 +680,33 @@ def test_temporary_audit_folders_are_removed_on_a_signal(tmp_path: Path, sig: in
     assert proc.returncode in (130, 143) and "Traceback" not in err, err
     assert list(temp.glob("kvclaims-audit-*")) == []
 
+
+
+def test_sigterm_ends_a_command_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A shell starts a background job (``kvclaims reconstruct … &``) with SIGINT ignored:
+    SIGTERM must still end it with 143 (it once ran on to exit 0, the stop ignored)."""
+    run = tmp_path / "run"
+    synthetic.write_trace(run, 3_000_000, shape=synthetic.SHAPES["dense"], progress=False)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvclaims.cli", "reconstruct", str(run),
+                             "--out", str(tmp_path / "out")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 180
+        while not list(temp.glob("kvclaims-audit-*")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)   # the audit is under way
+        proc.send_signal(signal.SIGTERM)
+        _o, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err.strip() == "kvclaims reconstruct: terminated", err
+    assert not (tmp_path / "out").exists() and list(temp.glob("kvclaims-audit-*")) == []
 
 def test_a_killed_audits_folder_is_removed_by_the_next_audit(tmp_path: Path) -> None:
     """SIGKILL cannot be caught: the next audit removes the folder of a dead process, and

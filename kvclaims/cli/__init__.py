@@ -144,12 +144,14 @@ _SIGNALLED: list[int] = []
 
 def _on_sigterm(sig: int, _frame: Any) -> None:
     _SIGNALLED.append(sig)
-    signal.raise_signal(signal.SIGINT)
+    # NOTE: raised here, not re-sent as SIGINT: a shell starts a background job with SIGINT
+    # ignored, and a re-sent SIGINT was lost there (the command ran on to exit 0)
+    raise KeyboardInterrupt
 
 
 def _catch_signals() -> None:
-    """SIGTERM (main thread, default handler only) is turned into SIGINT, the interruption
-    DuckDB and every cleanup understand: ``finally`` blocks run (temporary audit databases,
+    """SIGTERM (main thread, default handler only) is turned into ``KeyboardInterrupt``, the
+    interruption DuckDB and every cleanup understand: ``finally`` blocks run (temporary audit databases,
     half-written outputs) instead of the process vanishing.
 
     NOTE: SIGINT keeps Python's own handler: DuckDB interrupts a running query cleanly only
@@ -191,6 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()
+        # NOTE: a signal some library swallowed still ends the command as signalled: the
+        # operator asked it to stop, and a supervisor reads the status
+        status_ = _signal_status(command)
+        if status_ is not None:
+            return status_
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except KeyboardInterrupt:
