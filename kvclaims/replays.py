@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import kvclaims
-from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import CLAIM_OUTCOME, LABEL, fill_sql
 from kvclaims.reconstruct.loader import find_run_dirs, read_manifest
 
@@ -77,11 +76,7 @@ def find_replays(paths: Iterable[str | Path]) -> list[Replay]:
     out: list[Replay] = []
     seen: set[Path] = set()
     for p in paths:
-        dirs = find_run_dirs(p)
-        if not dirs:
-            raise InputError(f"{p}: no run directory here (a what-if is the --out folder of "
-                             "kvclaims whatif, or one of its run directories)")
-        for d in dirs:
+        for d in find_run_dirs(p):  # NOTE: a path without any run is the loader's one line
             if d.resolve() in seen:
                 continue
             seen.add(d.resolve())
