@@ -23,7 +23,7 @@ import streamlit as st
 
 from kvclaims.contract.vocabulary import LABEL, REQUEST_OUTCOME, VERDICT
 from kvclaims.dashboard import charts, data, report
-from kvclaims.explaining import promise_lines
+from kvclaims.explaining import WHATIF_HEADING, promise_lines
 from kvclaims.contract.schema import InputError
 
 #: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
@@ -340,6 +340,10 @@ def _explanation_section(s, box) -> None:
         st.markdown(f"- {_md(w)}")
     for p in s.prevention:
         st.caption(f"Would have prevented it: {_md(p)}")
+    if s.whatif:  # only what a computed replay showed (kvclaims.replays)
+        st.markdown(f"**{_md(WHATIF_HEADING)}**")
+        for w in s.whatif:
+            st.markdown(f"- {_md(w)}")
     timeline = pd.DataFrame([{"time (UTC)": m.utc, "seq": m.seq, "what": m.text}
                              for m in s.timeline], columns=["time (UTC)", "seq", "what"])
     if timeline["time (UTC)"].isna().all():
