@@ -1,7 +1,8 @@
 """A shareable incident report: one self-contained HTML page for a set of run directories.
 
 ``kvclaims report RUN_DIR... --out report.html`` (or ``build_report(paths)``) writes the
-headline, the capacity sweep (where the runs form one), the block-level timeline of the runs
+headline, the capacity sweep (where the runs form one), the computed what-ifs (``--whatif DIR``:
+each recorded run beside its replays, docs/whatif.md), the block-level timeline of the runs
 that matter (wall-clock time on the x axis where the run has a clock) with a per-position block
 lane for each harmed claim, the claims, every tenant's explanation, the findings and the
 conformance verdicts (``not_exercised`` kept apart from ``pass``).
@@ -28,6 +29,7 @@ from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, LABEL, LABEL_SEVERITY, 
                                           VERDICT)
 from kvclaims.contract.trace_writer import atomic_output
 from kvclaims.dashboard import charts, data
+from kvclaims.replays import TITLES
 
 #: Timelines drawn at most (runs with harm, refusals or failing checks first).
 MAX_TIMELINES = 6
@@ -257,7 +259,7 @@ def whatif_section(audit: data.Pages, chart: Charts) -> list[str]:
                       if approx else "") + ".</p>")
         out.append(table_html(data.whatif_table(comparison), {
             f"blocks lost: {LABEL.harm}": lambda v: LABEL.harm if v else "",
-            "harmed": lambda v: LABEL.harm if v else ""}))
+            TITLES["claims_harmed"]: lambda v: LABEL.harm if v else ""}))
         if data.whatif_chartable(comparison):
             series = data.whatif_series(comparison)
             out.append("<div class='pair'>" + "".join(

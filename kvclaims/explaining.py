@@ -50,9 +50,8 @@ ANOTHER: Final[str] = "another tenant"
 #: The heading of a section's computed what-ifs (``Section.whatif``).
 WHATIF_HEADING: Final[str] = "What a computed replay shows"
 #: Said instead of a counterfactual when no replay of the run was computed.
-NO_WHATIF: Final[str] = ("No what-if of this run was computed, so what another policy or pool "
-                         "size would have done is not known: kvclaims whatif replays the run "
-                         "(docs/whatif.md), and explain --whatif DIR then cites the result.")
+NO_WHATIF: Final[str] = ("No what-if of this run was computed (kvclaims whatif computes one: "
+                         "docs/whatif.md).")
 #: What replaces a runtime-written text that names someone else's identifier.
 WITHHELD: Final[str] = "the runtime's text is withheld: it names another tenant's identifiers"
 _LABEL_ORDER: Final[dict[str, int]] = {label: i for i, label in enumerate(LABELS)}
@@ -840,8 +839,7 @@ class _Facts:
         if outcome == CLAIM_OUTCOME.harmed:
             if lowering.get("verdict") != "adapter-policy evidence":
                 return [f"Your mode ({mode}) was not enforced in this run "
-                        f"({lowering.get('evidence')}): nothing in this run kept its blocks "
-                        "resident for it.", *unknown_otherwise]
+                        f"({lowering.get('evidence')}).", *unknown_otherwise]
             if mode == MODE.soft_priority:
                 return ["soft_priority only orders evictions: it never keeps blocks resident "
                         f"when a request needs them; {MODE.hard_protected} is the mode that "
