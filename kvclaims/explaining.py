@@ -587,7 +587,7 @@ class _Facts:
         losses = self.claim_losses(c)
         s.timeline = self.claim_timeline(c, losses)
         s.why = self.claim_why(c, losses)
-        s.prevention = self.claim_prevention(c, s.lowering)
+        s.prevention = self.claim_prevention(c, s.lowering, self.has_whatif(c["run_id"]))
         if c["outcome"] in (CLAIM_OUTCOME.harmed, CLAIM_OUTCOME.demoted):
             s.whatif = self.claim_whatif(c)
         return s
@@ -830,12 +830,14 @@ class _Facts:
                    "it fit without a demotion, so the figures do not call for one (see the "
                    "findings of this run)"))
 
-    def claim_prevention(self, c: dict[str, Any], lowering: dict[str, Any]) -> list[str]:
+    def claim_prevention(self, c: dict[str, Any], lowering: dict[str, Any],
+                         computed: bool = False) -> list[str]:
         """Advice the contract supports for the claim's mode and outcome (docs/claims.md).
         NOTE: what another policy or pool would have done is never said here: only a computed
-        replay can say it (``claim_whatif``); without one, ``NO_WHATIF`` says so."""
+        replay can say it (``claim_whatif``); without one (``computed`` False), ``NO_WHATIF``
+        says so."""
         mode, outcome = c.get("protection_mode"), c["outcome"]
-        unknown_otherwise = [] if self.has_whatif(c["run_id"]) else [NO_WHATIF]
+        unknown_otherwise = [] if computed else [NO_WHATIF]
         if outcome == CLAIM_OUTCOME.harmed:
             if lowering.get("verdict") != "adapter-policy evidence":
                 return [f"Your mode ({mode}) was not enforced in this run "
