@@ -4,7 +4,9 @@ One section per claim instance of the tenant and per refused, deferred or preemp
 the tenant: what was promised and whether the runtime could honour that mode (the lowering
 verdict), the timeline (ISO 8601 UTC date-times and seq), why in capacity terms (the rebuilt
 figures of the ``feasibility`` table and the claim's own rows of ``claim_timeline``), the value
-lost, and what would have prevented it. ``kvclaims explain`` and the dashboard's tenant page
+lost, what would have prevented it, and - only where one was computed - what each replay of the
+run (``kvclaims whatif``, read through ``kvclaims.replays``) did with a harmed or demoted claim:
+nothing counterfactual is said otherwise. ``kvclaims explain`` and the dashboard's tenant page
 both render this one object (``to_text``, ``to_markdown``, ``to_html``, ``to_json``).
 docs/explain.md.
 
