@@ -23,12 +23,12 @@ import streamlit as st
 
 from kvclaims.contract.vocabulary import LABEL, REQUEST_OUTCOME, VERDICT
 from kvclaims.dashboard import charts, data, report
-from kvclaims.explaining import promise_lines
+from kvclaims.explaining import WHATIF_HEADING, promise_lines
 from kvclaims.contract.schema import InputError
 
 #: Pages: (title, URL slug). The slug is ``?page=`` in the address bar.
 PAGES = (("Overview", "overview"), ("Timeline", "timeline"), ("Claims", "claims"),
-         ("Capacity sweep", "sweep"), ("Tenants", "tenants"),
+         ("Capacity sweep", "sweep"), ("What-if", "whatif"), ("Tenants", "tenants"),
          ("Findings & conformance", "conformance"))
 ALL_RUNS = "all runs"
 TIMELINE_WIDTH = 640
@@ -43,10 +43,20 @@ _VERDICT_COLORS = {VERDICT.fail: "background-color: #D55E00; color: white",
 _md = data.md_text
 
 
+#: How the command line hands the app a computed what-if (``kvclaims dashboard --whatif DIR``).
+WHATIF_ARG = "--whatif="
+
+
 @st.cache_resource(show_spinner=False, max_entries=8)
-def load(paths: tuple[str, ...], _progress=None) -> data.Pages:
+def load(paths: tuple[str, ...], whatif: tuple[str, ...] = (), _progress=None) -> data.Pages:
     """Reconstruct once per set of paths (shared by every session)."""
-    return data.load_audit(list(paths), progress=_progress)
+    return data.load_audit(list(paths), progress=_progress, whatif=list(whatif))
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The app's arguments: (run or sweep paths, computed what-if folders)."""
+    whatif = [a[len(WHATIF_ARG):] for a in argv if a.startswith(WHATIF_ARG)]
+    return [a for a in argv if not a.startswith(WHATIF_ARG)], whatif
 
 
 def _initial_paths(argv: list[str]) -> list[str]:
@@ -258,6 +268,36 @@ def page_sweep(audit: data.Pages) -> None:
     right.altair_chart(charts.sweep_chart(series, "shortfall"), width="stretch")
 
 
+def page_whatif(audit: data.Pages) -> None:
+    st.subheader("What-if")
+    runs = data.whatif_runs(audit)
+    orphans = data.whatif_orphans(audit)
+    if not runs:
+        st.info(_md(data.NO_WHATIF) + " Open its --out folder here (beside the recorded run), "
+                "or start the dashboard with --whatif DIR.")
+    else:
+        run_id = st.selectbox("Recorded run", runs, key="whatif_run")
+        comparison = data.whatif_comparison(audit, run_id)
+        replayed = comparison[comparison["point"] != "recorded"]
+        approx = int((replayed["exact"] != True).sum())  # noqa: E712
+        st.markdown(f"**{_md(run_id)}** beside {len(replayed)} replayed point(s): each "
+                    "replayed through vLLM's scheduler with the recorder and arbiter "
+                    "(`kvclaims whatif`) and audited like a recording"
+                    + (f"; {approx} approximate (see each replay's manifest)." if approx
+                       else "."))
+        st.dataframe(data.whatif_table(comparison), hide_index=True, width="stretch",
+                     height=_height(len(comparison)),
+                     column_config={"point": st.column_config.TextColumn(pinned=True)})
+        _source("kvclaims.replays.compare (claim_outcomes, requests, losses)")
+        if data.whatif_chartable(comparison):
+            series = data.whatif_series(comparison)
+            for col, (metric, _c, unit) in zip(st.columns(2), data.WHATIF_METRICS):
+                col.altair_chart(charts.sweep_chart(series, metric, unit), width="stretch")
+    if orphans:
+        st.caption(f"{len(orphans)} replay(s) of runs not audited here: add the recorded run "
+                   "to set them beside it.")
+
+
 def page_tenants(audit: data.Pages) -> None:
     st.subheader("Tenant explanations")
     names = data.tenants(audit)
@@ -300,6 +340,10 @@ def _explanation_section(s, box) -> None:
         st.markdown(f"- {_md(w)}")
     for p in s.prevention:
         st.caption(f"Would have prevented it: {_md(p)}")
+    if s.whatif:  # only what a computed replay showed (kvclaims.replays)
+        st.markdown(f"**{_md(WHATIF_HEADING)}**")
+        for w in s.whatif:
+            st.markdown(f"- {_md(w)}")
     timeline = pd.DataFrame([{"time (UTC)": m.utc, "seq": m.seq, "what": m.text}
                              for m in s.timeline], columns=["time (UTC)", "seq", "what"])
     if timeline["time (UTC)"].isna().all():
@@ -358,7 +402,7 @@ def page_conformance(audit: data.Pages) -> None:
 
 
 PAGE_FUNCS = {"Overview": page_overview, "Timeline": page_timeline, "Claims": page_claims,
-              "Capacity sweep": page_sweep, "Tenants": page_tenants,
+              "Capacity sweep": page_sweep, "What-if": page_whatif, "Tenants": page_tenants,
               "Findings & conformance": page_conformance}
 
 
@@ -377,6 +421,7 @@ def _choose_page() -> str:
 
 def main(argv: list[str]) -> None:
     st.set_page_config(page_title="kvclaims audit", layout="wide")
+    argv, whatif = split_argv(argv)
     st.title("kvclaims audit")
     page = _choose_page()
     try:
@@ -399,7 +444,8 @@ def main(argv: list[str]) -> None:
     key = tuple(str(Path(p).resolve()) for p in good)
     try:
         with st.status(f"Reconstructing {len(good)} path(s)…", expanded=False) as status:
-            audit = load(key, _progress=lambda stage: status.update(
+            audit = load(key, tuple(str(Path(p).resolve()) for p in whatif),
+                         _progress=lambda stage: status.update(
                 label=f"Reconstructing {len(good)} path(s): {stage}…"))
             status.update(label=f"{len(audit.run_ids)} run(s) from {len(good)} path(s), "
                                 "reconstructed offline with DuckDB.", state="complete")

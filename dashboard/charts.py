@@ -80,14 +80,16 @@ def _thin(df: pd.DataFrame, key: str = "seq") -> pd.DataFrame:
     return pd.concat([keep, df.iloc[[-1]]]).drop_duplicates(subset=[key], keep="last")
 
 
-def sweep_chart(series: pd.DataFrame, metric: str) -> alt.Chart:
-    """One sweep metric (``resident blocks lost`` or ``shortfall``) against usable blocks,
-    one line per policy (``data.sweep_series``). Policies with equal values draw on top of
-    each other: each has its own dash and point shape, and the tooltip names the run."""
+def sweep_chart(series: pd.DataFrame, metric: str, unit: str = "blocks") -> alt.Chart:
+    """One sweep metric (``resident blocks lost`` or ``shortfall``; a what-if's
+    ``data.WHATIF_METRICS``) against usable blocks, one line per policy
+    (``data.sweep_series``, ``data.whatif_series``), ``unit`` on the y axis. Policies with
+    equal values draw on top of each other: each has its own dash and point shape, and the
+    tooltip names the run."""
     df = series[series["metric"] == metric]
     return alt.Chart(df, title=metric).mark_line(point=alt.OverlayMarkDef(size=60)).encode(
         x=alt.X("usable_blocks:Q", title="usable blocks", scale=alt.Scale(zero=False)),
-        y=alt.Y("value:Q", title="blocks"),
+        y=alt.Y("value:Q", title=unit),
         color=alt.Color("policy:N", title="policy",
                         scale=alt.Scale(range=["#0072B2", "#E69F00", "#009E73", "#CC79A7",
                                                "#56B4E9"])),

@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "otherwise, browses only under the directories given here, and answers "
                     "GET /_stcore/health when up.")
     d.add_argument("paths", nargs="*", metavar="PATH", help="run or sweep directories")
+    d.add_argument("--whatif", action="append", default=[], metavar="DIR",
+                   help="a computed what-if (kvclaims whatif --out DIR, or one of its run "
+                        "directories; repeatable): shown on the What-if page beside its "
+                        "recorded run and cited in tenant explanations. Replays among PATH "
+                        "are found too")
     d.add_argument("--port", type=_port, default=8501, help="TCP port (default 8501)")
     d.add_argument("--host", default=LOCAL,
                    help="address to listen on (default 127.0.0.1; anything else exposes the "
@@ -43,10 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "report", help="write a self-contained HTML incident report",
         description="Write one self-contained HTML page (charts embedded, nothing fetched when "
-                    "opened) with the headline, the timeline, the claims, the findings and "
-                    "the conformance verdicts of the given run or sweep directories.")
+                    "opened) with the headline, the timeline, the claims, the computed "
+                    "what-ifs, the findings and the conformance verdicts of the given run or "
+                    "sweep directories.")
     r.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run or sweep directories")
     r.add_argument("--out", required=True, type=Path, help="HTML file to write")
+    r.add_argument("--whatif", action="append", default=[], metavar="DIR",
+                   help="a computed what-if (kvclaims whatif --out DIR, or one of its run "
+                        "directories; repeatable): shown beside its recorded run and cited "
+                        "in the tenant explanations. Replays among RUN_DIR are found too")
     r.add_argument("--quiet", action="store_true", help="no progress on stderr")
     r.set_defaults(func=_report)
 
@@ -73,7 +83,8 @@ def allowed_hosts(host: str, extra: list[str] | tuple[str, ...] = ()) -> list[st
 
 
 def streamlit_command(paths: list[str], port: int, host: str,
-                      extra_hosts: list[str] | tuple[str, ...] = ()) -> list[str]:
+                      extra_hosts: list[str] | tuple[str, ...] = (),
+                      whatif: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The ``streamlit run`` command line the dashboard is served with.
 
     NOTE: the safety settings are flags, not only ``.streamlit/config.toml`` (read from the
@@ -88,11 +99,11 @@ def streamlit_command(paths: list[str], port: int, host: str,
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--client.showErrorDetails", "none", "--client.toolbarMode", "viewer",
             "--server.enableCORS", "true", "--server.enableXsrfProtection", "true",
-            *hosts, "--", *paths]
+            *hosts, "--", *paths, *(f"--whatif={w}" for w in whatif)]
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    for p in args.paths:
+    for p in [*args.paths, *args.whatif]:
         if not Path(p).is_dir():
             raise InputError(f"{p}: no such directory")
     if args.host != LOCAL:
@@ -104,7 +115,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     if any(h.strip() in ("*", "") for h in args.allowed_host):
         raise InputError("--allowed-host needs a host name ('*' would accept any page that "
                          "resolves to this machine)")
-    command = streamlit_command(list(args.paths), args.port, args.host, args.allowed_host)
+    command = streamlit_command(list(args.paths), args.port, args.host, args.allowed_host,
+                                args.whatif)
     # NOTE: the server replaces this process (exec), it is not its child: a SIGTERM sent to
     # `kvclaims dashboard` (a service manager, a test) then stops the server itself instead
     # of leaving it running, orphaned
@@ -123,7 +135,8 @@ def _report(args: argparse.Namespace) -> int:
         raise InputError(f"{args.out}: is a directory; name the HTML file to write")
     with Progress("report", quiet=args.quiet, key="report") as progress:
         try:
-            write_report(args.paths, str(args.out), progress=progress.stage)
+            write_report(args.paths, str(args.out), progress=progress.stage,
+                         whatif=args.whatif)
         except OSError as exc:  # an unwritable --out is bad input, one line
             raise InputError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
     print(args.out)

@@ -36,6 +36,7 @@ from kvclaims.contract.schema import InputError
 from kvclaims.explaining import explain, tenants_by_harm
 from kvclaims.reconstruct.checks import CHECKS as _CHECK_TABLE
 from kvclaims.reconstruct.loader import open_runs
+from kvclaims.replays import SUMMARY_COLUMNS, TITLES, Replay, cell, compare, gather, replays_of
 
 PathLike: TypeAlias = "str | Path"
 
@@ -94,7 +95,10 @@ class Pages:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     #: the open audit facade (``kvclaims.open``) the explanations are built from
     facade: Any = None
+    #: computed what-ifs: replays among the runs and under ``load_audit``'s ``whatif`` paths
+    replays: tuple[Replay, ...] = field(default_factory=tuple)
     _explained: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _compared: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     _seq_utc: dict[str, pd.Series] = field(default_factory=dict, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -153,9 +157,12 @@ def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
 # -- reconstruction ------------------------------------------------------------------------------
 
 def load_audit(paths: Sequence[PathLike],
-               progress: Callable[[str], None] | None = None) -> Pages:
+               progress: Callable[[str], None] | None = None,
+               whatif: Sequence[PathLike] = ()) -> Pages:
     """Load and reconstruct the run directories ``paths`` names (run or sweep directories),
-    apply the SQL library and fetch what the pages show.
+    apply the SQL library and fetch what the pages show. Computed what-ifs are the replays
+    among those runs and under ``whatif`` (``kvclaims.replays.gather``; these are not audited
+    as runs of their own).
 
     Raises ``kvclaims.contract.schema.InputError`` (a ``TraceError``, naming the file) when a
     path is not a run directory or a trace cannot be read. ``progress`` is told each stage's name.
@@ -218,6 +225,7 @@ def load_audit(paths: Sequence[PathLike],
             "occupancy": _occupancy(audit),
             "lowering": lowering,
         }
+        replays = tuple(gather(audit, whatif))
     except BaseException:
         audit.close()
         raise
@@ -225,7 +233,8 @@ def load_audit(paths: Sequence[PathLike],
     # (``explanation``), one tenant at a time, under the audit's lock.
     return Pages(paths=tuple(str(p) for p in paths), runs=runs, views=views, findings=findings,
                  conformance=conformance, claim_events=claim_events, claim_losses=claim_losses,
-                 truncations=tuple(audit.truncations), tables=tables, facade=audit)
+                 truncations=tuple(audit.truncations), tables=tables, facade=audit,
+                 replays=replays)
 
 
 def natural_key(text: Any) -> tuple[Any, ...]:
@@ -791,7 +800,7 @@ def explanation(source: Source, tenant: str) -> Any:
     a = _audit(source)
     with a._lock:
         if tenant not in a._explained:
-            a._explained[tenant] = explain(a.facade, tenant)
+            a._explained[tenant] = explain(a.facade, tenant, whatifs=a.replays)
         return a._explained[tenant]
 
 
@@ -886,3 +895,78 @@ def lowering(source: Source, run_id: str | None = None) -> pd.DataFrame:
     df = df.iloc[sorted(range(len(df)), key=lambda i: (natural_key(df["run_id"].iloc[i]),
                                                         str(df["mode"].iloc[i])))]
     return df.reset_index(drop=True)
+
+
+# -- What-if -------------------------------------------------------------------------------------
+
+#: Said where no what-if was computed for any audited run (report, dashboard).
+NO_WHATIF: Final[str] = (
+    "No what-if computed for these runs: nothing here says what another policy or pool size "
+    "would have done. kvclaims whatif RUN --policy P --usable-blocks N --out DIR computes one.")
+
+
+def whatif_runs(source: Source) -> list[str]:
+    """The recorded runs of the audit with at least one computed what-if, in natural order."""
+    a = _audit(source)
+    replayed = {r.run_dir.resolve() for r in a.replays}
+    return [rid for rid, d in zip(a.runs["run_id"], a.runs["run_dir"])
+            if replays_of(a.replays, rid) and Path(d).resolve() not in replayed]
+
+
+def whatif_orphans(source: Source) -> list[Replay]:
+    """Computed what-ifs whose recorded run is not among the audited runs (nothing to set
+    them beside)."""
+    a = _audit(source)
+    known = set(a.run_ids)
+    return [r for r in a.replays if r.source_run_id not in known]
+
+
+def whatif_comparison(source: Source, run_id: str) -> pd.DataFrame:
+    """The recorded run ``run_id`` (row ``recorded``) beside each computed replay of it:
+    ``kvclaims.replays.compare``, the comparison ``kvclaims whatif`` prints (its columns,
+    ``SUMMARY_COLUMNS``, then ``run_id``); built once per run and kept on the audit."""
+    a = _audit(source)
+    with a._lock:
+        if run_id not in a._compared:
+            run_dir = a.runs.loc[a.runs["run_id"] == run_id, "run_dir"]
+            if not len(run_dir) or not run_dir.iloc[0]:
+                raise InputError(f"run {run_id!r}: no run directory to compare replays with")
+            rows = compare(run_dir.iloc[0], replays_of(a.replays, run_id))
+            a._compared[run_id] = pd.DataFrame(rows)[[*SUMMARY_COLUMNS, "run_id"]]
+        return a._compared[run_id]
+
+
+def whatif_table(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The comparison as the page shows it: ``kvclaims whatif``'s column titles, value lost
+    per tenant and exactness as text (``kvclaims.replays.cell``)."""
+    out = comparison.copy()
+    for c in ("value_lost_by_tenant", "exact"):
+        out[c] = [cell(v if isinstance(v, dict) or not _isna(v) else None) for v in out[c]]
+    lost = {f"lost_{label}": f"blocks lost: {label}" for label in LABELS}
+    return out.rename(columns={**TITLES, **lost, "run_id": "run"})
+
+
+#: The what-if chart's metrics: (title, comparison column, unit).
+WHATIF_METRICS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("blocks lost as harm", f"lost_{LABEL.harm}", "blocks"),
+    ("requests refused", REQUEST_OUTCOME.refused, "requests"))
+
+
+def whatif_series(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The what-if chart's points, long format as ``sweep_series`` (``policy, usable_blocks,
+    metric, value, run_id``): one line per replayed policy, the recorded run as its own
+    point (policy ``recorded (<policy>)``)."""
+    rows = []
+    for r in comparison.to_dict("records"):
+        policy = (f"recorded ({r['policy']})" if r["point"] == "recorded" else r["policy"])
+        for title, col, _unit in WHATIF_METRICS:
+            rows.append({"policy": policy, "usable_blocks": r["usable_blocks"], "metric": title,
+                         "value": int(r[col]), "run_id": r["run_id"]})
+    return pd.DataFrame(rows, columns=["policy", "usable_blocks", "metric", "value", "run_id"])
+
+
+def whatif_chartable(comparison: pd.DataFrame) -> bool:
+    """Whether the what-if reads better as a chart too: its replays span at least two pool
+    sizes (a line per policy); a single size is read from the table."""
+    replayed = comparison[comparison["point"] != "recorded"]
+    return replayed["usable_blocks"].nunique() >= 2

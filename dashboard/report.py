@@ -1,7 +1,8 @@
 """A shareable incident report: one self-contained HTML page for a set of run directories.
 
 ``kvclaims report RUN_DIR... --out report.html`` (or ``build_report(paths)``) writes the
-headline, the capacity sweep (where the runs form one), the block-level timeline of the runs
+headline, the capacity sweep (where the runs form one), the computed what-ifs (``--whatif DIR``:
+each recorded run beside its replays, docs/whatif.md), the block-level timeline of the runs
 that matter (wall-clock time on the x axis where the run has a clock) with a per-position block
 lane for each harmed claim, the claims, every tenant's explanation, the findings and the
 conformance verdicts (``not_exercised`` kept apart from ``pass``).
@@ -28,6 +29,7 @@ from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, LABEL, LABEL_SEVERITY, 
                                           VERDICT)
 from kvclaims.contract.trace_writer import atomic_output
 from kvclaims.dashboard import charts, data
+from kvclaims.replays import TITLES
 
 #: Timelines drawn at most (runs with harm, refusals or failing checks first).
 MAX_TIMELINES = 6
@@ -236,6 +238,41 @@ def sweep_section(audit: data.Pages, chart: Charts) -> list[str]:
     return out
 
 
+def whatif_section(audit: data.Pages, chart: Charts) -> list[str]:
+    """The what-if section: for each audited run with computed replays, the recorded run
+    beside each replayed point (``data.whatif_comparison``, the table ``kvclaims whatif``
+    prints) and, when the points span pool sizes, the sweep chart of harm and refusals;
+    without any replay, one line saying none was computed."""
+    out = ["<h2 id='whatif'>What-if</h2>"]
+    runs = data.whatif_runs(audit)
+    if not runs:
+        out.append(f"<p class='note'>{_e(data.NO_WHATIF)} kvclaims report RUN_DIR... "
+                   "--whatif DIR shows one here.</p>")
+    for run_id in runs:
+        comparison = data.whatif_comparison(audit, run_id)
+        replayed = comparison[comparison["point"] != "recorded"]
+        approx = int((replayed["exact"] != True).sum())  # noqa: E712
+        out.append(f"<h3>{_e(run_id)}</h3><p>The recorded run beside {len(replayed)} "
+                   "replayed point(s), each replayed through vLLM's scheduler with the "
+                   "recorder and arbiter (kvclaims whatif) and audited like a recording"
+                   + (f"; {approx} of them approximate (see each replay's manifest)"
+                      if approx else "") + ".</p>")
+        out.append(table_html(data.whatif_table(comparison), {
+            f"blocks lost: {LABEL.harm}": lambda v: LABEL.harm if v else "",
+            TITLES["claims_harmed"]: lambda v: LABEL.harm if v else ""}))
+        if data.whatif_chartable(comparison):
+            series = data.whatif_series(comparison)
+            out.append("<div class='pair'>" + "".join(
+                chart.html(charts.sweep_chart(series, m, unit).properties(width=440),
+                           f"{m} by usable blocks, recorded and replayed")
+                for m, _col, unit in data.WHATIF_METRICS) + "</div>")
+    orphans = data.whatif_orphans(audit)
+    if orphans:
+        out.append(f"<p class='note'>{len(orphans)} replay(s) of runs not in this report "
+                   "(give the recorded run too to set them beside it).</p>")
+    return out
+
+
 def build_report(source: data.Source, title: str = "kvclaims incident report") -> str:
     """The whole report as one HTML string (see the module docstring)."""
     audit = source if isinstance(source, data.Pages) else data.load_audit(source)
@@ -271,6 +308,7 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
                           {"lost harm": lambda v: LABEL.harm if v else "",
                            "claims harmed": lambda v: LABEL.harm if v else ""}))
     out += sweep_section(audit, chart)
+    out += whatif_section(audit, chart)
 
     out.append("<h2>Timeline</h2><p class='note'>Pool occupancy stacked as protected by "
                "claims / held by requests / cached-unreferenced / free, usable blocks dashed, "
@@ -342,9 +380,11 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
 
 
 def write_report(paths: Sequence[str], out: str,
-                 progress: Callable[[str], None] | None = None) -> str:
-    """Build the report for ``paths`` and write it to ``out``; return ``out``."""
-    audit = data.load_audit(list(paths), progress=progress)
+                 progress: Callable[[str], None] | None = None,
+                 whatif: Sequence[str] = ()) -> str:
+    """Build the report for ``paths`` (with the computed what-ifs under ``whatif``) and write
+    it to ``out``; return ``out``."""
+    audit = data.load_audit(list(paths), progress=progress, whatif=list(whatif))
     if progress:
         progress("report")
     text = build_report(audit)

@@ -4,7 +4,9 @@ One section per claim instance of the tenant and per refused, deferred or preemp
 the tenant: what was promised and whether the runtime could honour that mode (the lowering
 verdict), the timeline (ISO 8601 UTC date-times and seq), why in capacity terms (the rebuilt
 figures of the ``feasibility`` table and the claim's own rows of ``claim_timeline``), the value
-lost, and what would have prevented it. ``kvclaims explain`` and the dashboard's tenant page
+lost, what would have prevented it, and - only where one was computed - what each replay of the
+run (``kvclaims whatif``, read through ``kvclaims.replays``) did with a harmed or demoted claim:
+nothing counterfactual is said otherwise. ``kvclaims explain`` and the dashboard's tenant page
 both render this one object (``to_text``, ``to_markdown``, ``to_html``, ``to_json``).
 docs/explain.md.
 
@@ -32,6 +34,7 @@ from kvclaims.contract.vocabulary import CLAIM_OUTCOME, EVENT, LABEL, LABELS, MO
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
+from kvclaims.replays import Replay, ReplayFacts, request_counts
 
 #: A loss label in plain words, for someone who does not know our internals.
 LABEL_WORDS: Final[dict[str, str]] = {
@@ -46,6 +49,11 @@ LABEL_WORDS: Final[dict[str, str]] = {
                 "stayed resident)",
 }
 ANOTHER: Final[str] = "another tenant"
+#: The heading of a section's computed what-ifs (``Section.whatif``).
+WHATIF_HEADING: Final[str] = "What a computed replay shows"
+#: Said instead of a counterfactual when no replay of the run was computed.
+NO_WHATIF: Final[str] = ("No what-if of this run was computed (kvclaims whatif computes one: "
+                         "docs/whatif.md).")
 #: What replaces a runtime-written text that names someone else's identifier.
 WITHHELD: Final[str] = "the runtime's text is withheld: it names another tenant's identifiers"
 _LABEL_ORDER: Final[dict[str, int]] = {label: i for i, label in enumerate(LABELS)}
@@ -81,6 +89,9 @@ class Section:
     why: list[str] = field(default_factory=list)
     value_lost: float | None = None
     prevention: list[str] = field(default_factory=list)
+    #: what each computed replay of the section's run shows for it (``kvclaims.replays``);
+    #: empty when none was computed: then nothing counterfactual is said at all
+    whatif: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -124,6 +135,9 @@ class Explanation:
             if s.prevention:
                 out.append("  What would have prevented it:")
                 out += [f"    {p}" for p in s.prevention]
+            if s.whatif:
+                out.append(f"  {WHATIF_HEADING}:")
+                out += [f"    {w}" for w in s.whatif]
             out.append("")
         return "\n".join(out).rstrip() + "\n"
 
@@ -146,6 +160,8 @@ class Explanation:
             if s.prevention:
                 out += ["", "**What would have prevented it**", ""]
                 out += [f"- {m(p)}" for p in s.prevention]
+            if s.whatif:
+                out += ["", f"**{WHATIF_HEADING}**", ""] + [f"- {m(w)}" for w in s.whatif]
             out.append("")
         return "\n".join(out).rstrip() + "\n"
 
@@ -194,6 +210,9 @@ class Explanation:
             if s.prevention:
                 parts.append("<h3>What would have prevented it</h3><ul>"
                              + "".join(f"<li>{e(p)}</li>" for p in s.prevention) + "</ul>")
+            if s.whatif:
+                parts.append(f"<h3>{WHATIF_HEADING}</h3><ul>"
+                             + "".join(f"<li>{e(w)}</li>" for w in s.whatif) + "</ul>")
             parts.append("</section>" if fold is None else "</section></details>")
         return parts
 
@@ -340,10 +359,15 @@ def time_window(at: str | None = None, window: str | None = None, since: str | N
 
 def explain(audit: Any, tenant: str, claim: str | None = None,
             request: str | None = None,
-            window: tuple[datetime, datetime] | None = None) -> Explanation:
+            window: tuple[datetime, datetime] | None = None,
+            whatifs: Sequence[Replay] = ()) -> Explanation:
     """The explanation for ``tenant`` over every run of ``audit`` (``kvclaims.open``); only
     the claim ``claim`` / request ``request`` if given; only the sections with a moment in
     ``window`` (UTC, inclusive; see ``time_window``) if given.
+
+    ``whatifs``: computed what-ifs (``kvclaims.replays.find_replays``). A harmed or demoted
+    claim of a run with replays among them cites what each replay did with it (counting,
+    never naming, other tenants' requests); without one, no counterfactual is said.
 
     Raises ``InputError`` for an unknown tenant, or a claim or request that is not the
     tenant's (the message never says whose it is).
@@ -357,12 +381,15 @@ def explain(audit: Any, tenant: str, claim: str | None = None,
     if request is not None and request not in {q for _, q in facts.own_requests}:
         raise InputError(f"request {request!r} is not a request of tenant {tenant!r}")
     sections: list[Section] = []
-    if request is None:
-        for row in facts.claim_rows(claim):
-            sections.append(facts.claim_section(row))
-    if claim is None:
-        for row in facts.request_rows(request):
-            sections.append(facts.request_section(row))
+    own_runs = set(facts.runs())
+    with ReplayFacts([r for r in whatifs if r.source_run_id in own_runs]) as replays:
+        facts.replays = replays
+        if request is None:
+            for row in facts.claim_rows(claim):
+                sections.append(facts.claim_section(row))
+        if claim is None:
+            for row in facts.request_rows(request):
+                sections.append(facts.request_section(row))
     note = None
     if window is not None:
         if not any(facts.audit.clocks.get(r) for r in facts.runs()):
@@ -448,6 +475,8 @@ class _Facts:
             UNION SELECT run_id, request_id FROM claims
                   WHERE tenant = $t AND request_id IS NOT NULL""", {"t": tenant}).fetchall()}
         self._foreign: dict[str, re.Pattern[str] | None] = {}
+        #: computed what-ifs of the tenant's runs (set by ``explain``)
+        self.replays: ReplayFacts | None = None
 
     def known_tenant(self) -> bool:
         return bool(self.own_claims or self.own_requests or self.con.execute(
@@ -560,7 +589,9 @@ class _Facts:
         losses = self.claim_losses(c)
         s.timeline = self.claim_timeline(c, losses)
         s.why = self.claim_why(c, losses)
-        s.prevention = self.claim_prevention(c, s.lowering)
+        s.prevention = self.claim_prevention(c, s.lowering, self.has_whatif(c["run_id"]))
+        if c["outcome"] in (CLAIM_OUTCOME.harmed, CLAIM_OUTCOME.demoted):
+            s.whatif = self.claim_whatif(c)
         return s
 
     def lowering(self, c: dict[str, Any]) -> dict[str, Any]:
@@ -801,19 +832,22 @@ class _Facts:
                    "it fit without a demotion, so the figures do not call for one (see the "
                    "findings of this run)"))
 
-    def claim_prevention(self, c: dict[str, Any], lowering: dict[str, Any]) -> list[str]:
-        """Advice the contract supports for the claim's mode and outcome (docs/claims.md)."""
+    def claim_prevention(self, c: dict[str, Any], lowering: dict[str, Any],
+                         computed: bool = False) -> list[str]:
+        """Advice the contract supports for the claim's mode and outcome (docs/claims.md).
+        NOTE: what another policy or pool would have done is never said here: only a computed
+        replay can say it (``claim_whatif``); without one (``computed`` False), ``NO_WHATIF``
+        says so."""
         mode, outcome = c.get("protection_mode"), c["outcome"]
+        unknown_otherwise = [] if computed else [NO_WHATIF]
         if outcome == CLAIM_OUTCOME.harmed:
             if lowering.get("verdict") != "adapter-policy evidence":
                 return [f"Your mode ({mode}) was not enforced in this run "
-                        f"({lowering.get('evidence')}). In a run that enforces hard_protected, "
-                        "a hard_protected claim's blocks would have stayed and the other "
-                        "request would have been deferred or refused instead."]
+                        f"({lowering.get('evidence')}).", *unknown_otherwise]
             if mode == MODE.soft_priority:
-                return ["soft_priority only orders evictions. Under hard_protected the blocks "
-                        "would have stayed and the other request would have been deferred or "
-                        "refused instead."]
+                return ["soft_priority only orders evictions: it never keeps blocks resident "
+                        f"when a request needs them; {MODE.hard_protected} is the mode that "
+                        "does.", *unknown_otherwise]
             return ["An enforced claim was harmed: this is a runtime bug (see the findings and "
                     "conformance of this run); report it with this explanation."]
         if outcome == CLAIM_OUTCOME.demoted:
@@ -821,9 +855,9 @@ class _Facts:
                 return [f"Your mode ({mode}) does not allow a demotion, yet the trace shows "
                         "one: this is a runtime bug (see the findings and conformance of this "
                         "run); report it with this explanation."]
-            return ["demotable lets the arbiter demote your claim under a conflict. Under "
-                    "hard_protected it would not have been demoted (the other request would "
-                    "have been deferred or refused instead), or declare a higher value."]
+            return ["demotable lets the arbiter demote your claim when a request does not fit "
+                    f"beside the claims in force; {MODE.hard_protected} is the mode it never "
+                    "demotes.", *unknown_otherwise]
         if outcome == CLAIM_OUTCOME.expired:
             if c.get("ttl_s") is None:
                 return ["The claim declared no TTL, yet the trace shows an expiry: see the "
@@ -837,6 +871,47 @@ class _Facts:
             return ["Nothing can be said: the trace has a hole. Keep the recorder's queue "
                     "large enough that it drops no events."]
         return []
+
+    def has_whatif(self, run_id: str) -> bool:
+        """Whether a replay of run ``run_id`` was computed and given to ``explain``."""
+        return bool(self.replays is not None and self.replays.of(run_id))
+
+    def claim_whatif(self, c: dict[str, Any]) -> list[str]:
+        """One sentence per computed replay of the claim's run: the claim instance's outcome
+        in it, and the requests it refused, deferred or preempted beside the recorded ones,
+        counted (other tenants' requests are never named: the counts come from
+        ``kvclaims.replays``, which only counts)."""
+        run_id = c["run_id"]
+        if self.replays is None or not self.replays.of(run_id):
+            return []
+        nth = self.con.execute(f"""
+            SELECT count(*) FROM claims
+            WHERE run_id = $r AND claim_id = $c
+              AND ($i IS NULL OR {self.instance_col} <= $i)""", self._instance(c)).fetchone()
+        nth = max(1, int(nth[0] or 0)) if c.get("instance_seq") is not None else 1
+        rec = request_counts(self.con, run_id, self.tenant)
+        out = []
+        for r in self.replays.of(run_id):
+            outcome = self.replays.claim_outcome(r, c["claim_id"], nth)
+            got = self.replays.request_counts(r, self.tenant)
+            did = ("preserved this claim" if outcome == CLAIM_OUTCOME.preserved else
+                   f"left this claim {outcome}" if outcome is not None else
+                   "has no record of this claim (its request was not submitted there)")
+            name = r.run_id if self.safe_text(run_id, r.run_id) == r.run_id else \
+                "its run id withheld: it names another tenant's identifiers"
+            how = ("exact" if r.exact else
+                   f"approximate: {len(r.approximations)} thing(s) the recording did not pin "
+                   "down, listed in its manifest")
+            out.append(
+                f"A replay of this run under {r.policy} at {_n(r.usable_blocks)} usable blocks "
+                f"(computed {r.computed_utc or 'at an unknown time'}, run {name}; {how}) "
+                f"{did}. In it {got.others_refused} request(s) of other tenants were refused, "
+                f"{got.others_deferred} deferred and {got.others_preempted} preempted "
+                f"(recorded: {rec.others_refused}, {rec.others_deferred}, "
+                f"{rec.others_preempted}); {got.own_refused} of your own were refused and "
+                f"{got.own_deferred} deferred (recorded: {rec.own_refused}, "
+                f"{rec.own_deferred}).")
+        return out
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import json
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,9 @@ from kvclaims.contract.policies import get_policy
 from kvclaims.contract.schema import InputError
 from kvclaims.recorder import buffer as rec_buffer
 from kvclaims.recorder import hooks as rec_hooks
+# NOTE: the comparison lives with the other readers of computed what-ifs (report, dashboard,
+# explain); it is re-exported here, where the command that prints it always found it
+from kvclaims.replays import SUMMARY_COLUMNS, render_comparison, summarize  # noqa: F401
 from kvclaims.reconstruct.loader import load_runs
 from kvclaims.sources.scenarios import SCENARIOS, engine_args
 from kvclaims.sources.tiny_model import TINY_CONFIG
@@ -695,105 +698,6 @@ def _signatures(run_dir: Path) -> dict[str, Counter]:
     for h, label, claim_ids, by, cause in losses:
         out["losses"][(name(h), label, tuple(claim_ids or ()), by, cause)] += 1
     return out
-
-
-# -- the comparison: the recorded run beside each replayed point -----------------------------------
-
-#: Columns of the comparison, in print order.
-SUMMARY_COLUMNS: tuple[str, ...] = (
-    "point", "policy", "usable_blocks", "claims_preserved", "claims_harmed", "claims_demoted",
-    "claims_other", "served", "deferred", "refused", "preempted", "lost_harm", "lost_expiry",
-    "lost_relaxation", "lost_eviction", "lost_unknown", "cached_tokens", "value_lost_by_tenant",
-    "exact")
-
-
-def summarize(run_dirs: Sequence[str | Path], points: Sequence[str]) -> list[dict[str, Any]]:
-    """One comparison row per run directory (named by ``points``), every number from the
-    reconstructor (claims, requests, losses by label, cached tokens, value lost per tenant);
-    one audit over all of them."""
-    dirs = [Path(d) for d in run_dirs]
-    audit = kvclaims.open(dirs)
-    try:
-        runs = {rid: (pol, usable) for rid, pol, usable in audit.sql(
-            "SELECT run_id, policy, usable_blocks FROM events "
-            "WHERE event = 'run_started'").fetchall()}
-        claims = _by_run(audit.sql("SELECT run_id, outcome, count(*) FROM claim_outcomes "
-                                   "GROUP BY ALL").fetchall())
-        reqs = {r[0]: r[1:] for r in audit.sql("""
-            SELECT run_id,
-                   count(*) FILTER (WHERE outcome IN ('served', 'deferred_then_served')),
-                   count(*) FILTER (WHERE deferrals > 0),
-                   count(*) FILTER (WHERE outcome = 'refused'),
-                   count(*) FILTER (WHERE preemptions > 0),
-                   coalesce(sum(num_cached_tokens), 0)
-            FROM requests GROUP BY run_id""").fetchall()}
-        labels = _by_run(audit.sql("SELECT run_id, label, count(*) FROM losses "
-                                   "GROUP BY ALL").fetchall())
-        values = _by_run(audit.sql("SELECT run_id, coalesce(tenant, '-'), sum(value_lost) "
-                                   "FROM claim_outcomes GROUP BY ALL ORDER BY 2").fetchall())
-    finally:
-        audit.close()
-    rows = []
-    for run_dir, point in zip(dirs, points):
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        rid = manifest["run_id"]
-        policy, usable = runs.get(rid, (manifest.get("policy"), manifest.get("usable_blocks")))
-        outcomes = Counter(claims.get(rid, {}))
-        served, deferred, refused, preempted, cached = reqs.get(rid, (0, 0, 0, 0, 0))
-        lost = labels.get(rid, {})
-        exact = manifest.get("replay", {}).get("exact") \
-            if manifest.get("evidence") == "replayed" else None
-        main = ("preserved", "harmed", "demoted")
-        rows.append({
-            "point": point, "run_dir": str(run_dir), "run_id": rid, "policy": policy,
-            "usable_blocks": usable, "claims_preserved": outcomes["preserved"],
-            "claims_harmed": outcomes["harmed"], "claims_demoted": outcomes["demoted"],
-            "claims_other": sum(v for k, v in outcomes.items() if k not in main),
-            "served": int(served), "deferred": int(deferred), "refused": int(refused),
-            "preempted": int(preempted),
-            **{f"lost_{lab}": int(lost.get(lab, 0)) for lab in
-               ("harm", "expiry", "relaxation", "eviction", "unknown")},
-            "cached_tokens": int(cached),
-            "value_lost_by_tenant": {t: round(float(v), 6)
-                                     for t, v in values.get(rid, {}).items() if v},
-            "exact": exact})
-    return rows
-
-
-def _by_run(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, dict[Any, Any]]:
-    out: dict[str, dict[Any, Any]] = {}
-    for rid, key, value in rows:
-        out.setdefault(rid, {})[key] = value
-    return out
-
-
-def render_comparison(rows: Sequence[dict[str, Any]]) -> str:
-    """The comparison as a fixed-width text table (the recorded run first)."""
-    titles = {"point": "point", "policy": "policy", "usable_blocks": "usable",
-              "claims_preserved": "preserved", "claims_harmed": "harmed",
-              "claims_demoted": "demoted", "claims_other": "other claims", "served": "served",
-              "deferred": "deferred", "refused": "refused", "preempted": "preempted",
-              "lost_harm": "harm", "lost_expiry": "expiry", "lost_relaxation": "relax",
-              "lost_eviction": "evict", "lost_unknown": "unknown",
-              "cached_tokens": "cached tok", "value_lost_by_tenant": "value lost",
-              "exact": "exact"}
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, dict):
-            return ",".join(f"{k}={x:g}" for k, x in v.items()) or "0"
-        if isinstance(v, bool):
-            return "yes" if v else "no (approximate)"
-        return str(v)
-
-    lines = [tuple(titles[c] for c in SUMMARY_COLUMNS)]
-    lines += [tuple(cell(r.get(c)) for c in SUMMARY_COLUMNS) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(SUMMARY_COLUMNS))]
-    left = {"point", "policy", "value_lost_by_tenant", "exact"}
-    return "\n".join("  ".join(c.ljust(w) if name in left else c.rjust(w)
-                               for c, w, name in zip(line, widths, SUMMARY_COLUMNS)).rstrip()
-                     for line in lines)
 
 
 # -- the whole command -----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 from kvclaims.contract.vocabulary import CHECK_VERDICTS
 from kvclaims.dashboard import data
 from kvclaims.contract.schema import InputError
+from tests.test_whatif import native80, native_whatif  # noqa: F401 (fixtures: a what-if)
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "dashboard" / "app.py"
@@ -35,7 +36,7 @@ MULTI_RUN = "multi_tenant-hard_protected-80"
 DEMOTE_RUN = "lifecycle_demote-demote_on_conflict-80"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-PAGES = ["Overview", "Timeline", "Claims", "Capacity sweep", "Tenants",
+PAGES = ["Overview", "Timeline", "Claims", "Capacity sweep", "What-if", "Tenants",
          "Findings & conformance"]
 SCREENSHOTS = REPO / "docs" / "screenshots"
 NATIVE_80 = "resident60_active70-native-80"
@@ -679,6 +680,39 @@ def test_app_timeline_of_a_run_without_harm_offers_no_evictors(
     assert "timeline_claim" not in {s.key for s in at.selectbox}
 
 
+def test_app_whatif_page_shows_the_recorded_run_beside_each_replay(
+        monkeypatch: pytest.MonkeyPatch, native_whatif: Path) -> None:
+    at = _page(_app(monkeypatch, SWEEP / NATIVE_80, f"--whatif={native_whatif}"), "What-if")
+    assert not at.exception and not at.error
+    (table,) = [d.value for d in at.dataframe if "point" in d.value.columns]
+    assert table["point"].tolist() == ["recorded", "hard_protected@80", "hard_protected@100",
+                                       "native@100"]
+    assert table["refused"].tolist() == [0, 1, 1, 0]
+    assert table["harmed"].tolist() == [1, 0, 0, 1]
+    assert len(at.get("vega_lite_chart")) == 2  # two pool sizes: the sweep charts
+
+
+def test_app_whatif_page_without_a_computed_whatif_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, SWEEP / NATIVE_80), "What-if")
+    assert not at.exception and not at.dataframe
+    (info,) = at.info
+    assert info.value.startswith(data.md_text("No what-if computed for these runs"))
+
+
+def test_app_tenant_page_cites_a_computed_replay(monkeypatch: pytest.MonkeyPatch,
+                                                native_whatif: Path) -> None:
+    at = _page(_app(monkeypatch, SWEEP / NATIVE_80, f"--whatif={native_whatif}"), "Tenants")
+    cited = [m.value for m in at.markdown if m.value.startswith("- A replay of this run")]
+    assert len(cited) == 3 and any("preserved this claim" in c for c in cited)
+
+
+def test_app_tenant_page_without_a_replay_cites_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, SWEEP / NATIVE_80), "Tenants")
+    assert not [m.value for m in at.markdown if "A replay of this run" in m.value]
+    assert any("No what\\-if of this run was computed" in c.value for c in at.caption)
+
+
 def test_app_tenant_page_starts_at_the_tenant_with_the_most_harm(
         monkeypatch: pytest.MonkeyPatch) -> None:
     at = _page(_app(monkeypatch, SWEEP / NATIVE_80, MULTI), "Tenants")
@@ -1082,3 +1116,40 @@ def test_timeline_lanes_keep_the_claims_and_requests_that_matter(audit: data.Pag
     refused = set(req.loc[req["outcome"] == "refused", "request_id"])
     requests = report.important_requests(audit, MULTI_RUN, limit=len(refused))
     assert refused and set(requests["lane"]) == refused  # refusals before plain requests
+
+
+def test_browser_whatif_page_shows_the_comparison_and_its_charts(
+        chromium, tmp_path: Path, native_whatif: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    log = tmp_path / "dashboard.log"
+    proc, url = _serve([SWEEP / NATIVE_80, "--whatif", native_whatif], log)
+    try:
+        chromium.get(f"{url}?page=whatif")
+        body = _wait_text(chromium, "beside 3 replayed point(s)", log)
+        assert NATIVE_80 in body and "Traceback" not in body
+        assert not chromium.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+        WebDriverWait(chromium, 60, poll_frequency=0.25).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, ".vega-embed svg, "
+                                                           ".vega-embed canvas")) >= 2,
+            f"the two what-if charts were never drawn; server log:\n{log.read_text()}")
+        assert chromium.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+        assert chromium.execute_script("return document.documentElement.scrollWidth") <= 1400
+    finally:
+        _stop(proc)
+
+
+def test_browser_whatif_page_without_a_whatif_says_none_was_computed(
+        chromium, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    log = tmp_path / "dashboard.log"
+    proc, url = _serve([SWEEP / NATIVE_80], log)
+    try:
+        chromium.get(f"{url}?page=whatif")
+        body = _wait_text(chromium, "No what-if computed for these runs", log)
+        assert "replayed point" not in body
+        assert not chromium.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+    finally:
+        _stop(proc)

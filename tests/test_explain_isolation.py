@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,14 @@ import kvclaims
 from kvclaims.explaining import WITHHELD, Explanation, Section, explain, md_escape
 from kvclaims.sources.jsonl import event_to_json
 from kvclaims.reconstruct.loader import iter_batches
+from kvclaims.replays import Replay, find_replays
 from tests.test_queries import check_golden
+from tests.test_whatif import DEMOTE, multi_whatif  # noqa: F401 (a fixture: the replays)
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
 MULTI = TRACES / "multi_tenant"
+MULTI_RUN = "multi_tenant-hard_protected-80"
 GOLDEN = REPO / "tests" / "golden" / "explain" / "shipped"
 FORMATS = {"text": "txt", "md": "md", "html": "html", "json": "json"}
 #: One-letter claim ids for generated traces: letters our own wording never has on their own
@@ -79,10 +82,11 @@ def mentions(text: str, ident: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(ident)}(?![A-Za-z0-9_])", plain) is not None
 
 
-def leaks(audit: Any, tenant: str, ids: dict[str, dict[str, set[str]]]) -> list[str]:
-    """Every (format, section, identifier) where the tenant's explanation names an identifier
-    that is not its own in the run the section is about."""
-    ex = explain(audit, tenant)
+def leaks(audit: Any, tenant: str, ids: dict[str, dict[str, set[str]]],
+          whatifs: Sequence[Replay] = ()) -> list[str]:
+    """Every (format, section, identifier) where the tenant's explanation (citing ``whatifs``)
+    names an identifier that is not its own in the run the section is about."""
+    ex = explain(audit, tenant, whatifs=whatifs)
     own_anywhere = set().union(*[r.get(tenant, set()) for r in ids.values()] or [set()])
     never_own = set().union(*[foreign_in(ids, tenant, r) for r in ids]) - own_anywhere
     found = []
@@ -162,6 +166,31 @@ def test_no_shipped_trace_explanation_names_a_foreign_identifier(shipped) -> Non
     assert len(tenants) >= 6
     found = {t: leaks(shipped, t, ids) for t in tenants}
     assert not any(found.values()), {t: v[:5] for t, v in found.items() if v}
+
+
+def test_no_explanation_citing_a_replay_names_a_foreign_identifier(multi_whatif: Path) -> None:
+    found = find_replays([multi_whatif])
+    with kvclaims.open([MULTI, DEMOTE]) as audit:
+        ids = identities(audit)
+        tenants = _tenants(audit)
+        found_leaks = {t: leaks(audit, t, ids, found) for t in tenants}
+        cited = [line for t in tenants
+                 for s in explain(audit, t, whatifs=found).sections for line in s.whatif]
+    assert not any(found_leaks.values()), {t: v[:5] for t, v in found_leaks.items() if v}
+    assert len(cited) >= 3  # the check ran over citations: tenant-b twice, the demotion once
+
+
+def test_a_replay_whose_run_id_names_another_tenants_claim_is_cited_without_it(
+        multi_whatif: Path) -> None:
+    named = [r for r in find_replays([multi_whatif]) if r.run_id == "whatif-of-a:doc"]
+    with kvclaims.open([MULTI]) as audit:
+        # the twin: that run id does name tenant-a's claim, foreign to tenant-b
+        assert "a:doc" in foreign_in(identities(audit), "tenant-b", MULTI_RUN)
+        assert mentions(named[0].run_id, "a:doc")
+        (s,) = [x for x in explain(audit, "tenant-b", whatifs=named).sections
+                if x.outcome == "demoted"]
+    (line,) = s.whatif
+    assert "run id withheld" in line and not mentions(line, "a:doc")
 
 
 def test_the_generated_traces_reuse_ids_across_runs_and_tenants(generated) -> None:

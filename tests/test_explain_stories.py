@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import kvclaims
-from kvclaims.explaining import Section, explain
+from kvclaims.explaining import NO_WHATIF, Section, explain
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
@@ -224,7 +224,8 @@ def test_advice_never_promises_what_the_mode_cannot(shipped) -> None:
         text = " ".join(s.prevention)
         assert "None s" not in text
         if s.outcome == "demoted":
-            assert ("would not have been demoted" in text) == (s.promised["mode"] == "demotable")
+            assert ("demotable lets the arbiter demote" in text) == \
+                (s.promised["mode"] == "demotable")
 
 
 def test_the_headline_counts_unknown_claims(shipped) -> None:
@@ -246,7 +247,7 @@ def test_a_hard_protected_demotion_is_called_a_bug_not_advice() -> None:
 
     advice = _Facts.claim_prevention(None, {"protection_mode": "hard_protected",  # type: ignore
                                             "outcome": "demoted"}, {})
-    assert "runtime bug" in advice[0] and "would not have been demoted" not in advice[0]
+    assert "runtime bug" in advice[0] and "demotable lets" not in " ".join(advice)
 
 
 def test_a_demotable_demotion_gets_the_demotable_advice() -> None:
@@ -254,4 +255,5 @@ def test_a_demotable_demotion_gets_the_demotable_advice() -> None:
 
     advice = _Facts.claim_prevention(None, {"protection_mode": "demotable",  # type: ignore
                                             "outcome": "demoted"}, {})
-    assert "would not have been demoted" in advice[0]
+    assert advice[0].startswith("demotable lets the arbiter demote your claim")
+    assert advice[1:] == [NO_WHATIF]  # no replay computed: nothing said of another policy

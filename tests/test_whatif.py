@@ -8,7 +8,9 @@ Run under ``flock /tmp/kvc-vllm.lock`` (it builds vLLM configurations).
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,8 +19,12 @@ from typing import Any
 
 import pytest
 
-from kvclaims import whatif
+import kvclaims
+from kvclaims import replays, whatif
 from kvclaims.cli import main
+from kvclaims.dashboard import data
+from kvclaims.dashboard.report import build_report
+from kvclaims.explaining import NO_WHATIF, explain
 from kvclaims.reconstruct.loader import find_run_dirs
 from kvclaims.contract.schema import InputError, SCHEMA_VERSION
 from kvclaims.cli.record import sweep_rows
@@ -29,6 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
 SWEEP = TRACES / "sweep-resident60_active70"
 NATIVE_80 = SWEEP / "resident60_active70-native-80"
+MULTI = TRACES / "multi_tenant"
+DEMOTE = TRACES / "lifecycle_demote"
+DEMOTE_RUN = "lifecycle_demote-demote_on_conflict-80"
 SHIPPED = [d for d in find_run_dirs(TRACES) if "arbiter-prototype" not in d.parts]
 
 
@@ -48,6 +57,29 @@ def hard80(native80: whatif.Workload, tmp_path_factory: pytest.TempPathFactory) 
 def own80(native80: whatif.Workload, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("whatif") / "native-80"
     whatif.replay(native80, "native", 80, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def native_whatif(native80: whatif.Workload, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A computed what-if of the recorded native run at 80 blocks, as ``kvclaims whatif
+    --out`` leaves it: one folder, hard_protected at 80 and 100 blocks and native at 100."""
+    out = tmp_path_factory.mktemp("native-whatif")
+    for policy, usable in (("hard_protected", 80), ("hard_protected", 100), ("native", 100)):
+        whatif.replay(native80, policy, usable, out / f"{policy}-{usable}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def multi_whatif(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A computed what-if of the multi-tenant run (tenant-b's claim demoted there) and of the
+    demotion run: native at 80 blocks, and hard_protected at 80 blocks under a run id that
+    names another tenant's claim (``a:doc``, tenant-a's), which tenant-b must never see."""
+    out = tmp_path_factory.mktemp("multi-whatif")
+    multi = whatif.read_workload(MULTI)
+    whatif.replay(multi, "native", 80, out / "native-80")
+    whatif.replay(multi, "hard_protected", 80, out / "named", run_id="whatif-of-a:doc")
+    whatif.replay(whatif.read_workload(DEMOTE), "hard_protected", 80, out / "demote-hard-80")
     return out
 
 
@@ -224,3 +256,145 @@ def test_cli_prints_the_recorded_run_beside_each_point(tmp_path: Path) -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kvclaims.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
+
+
+# -- computed what-ifs, shown: explain, the report, the dashboard --------------------------------
+
+def _claim_outcome(run_dir: Path, claim_id: str) -> str:
+    """The reconstructor's outcome of a claim in one run (the figure a citation must match)."""
+    with kvclaims.open([run_dir]) as a:
+        (row,) = a.sql(f"SELECT outcome FROM claims WHERE claim_id = '{claim_id}'").fetchall()
+    return row[0]
+
+
+def test_a_whatif_folder_holds_one_replay_per_point_naming_its_source(
+        native_whatif: Path) -> None:
+    found = replays.find_replays([native_whatif])
+    assert sorted(r.point for r in found) == ["hard_protected@100", "hard_protected@80",
+                                              "native@100"]
+    assert {r.source_run_id for r in found} == {NATIVE_80.name}
+    assert all(r.computed_utc and r.computed_utc.endswith("Z") for r in found)
+
+
+def test_recorded_runs_are_not_whatifs() -> None:
+    assert replays.find_replays([SWEEP, MULTI]) == []
+
+
+def test_a_whatif_path_without_runs_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not a run directory"):
+        replays.find_replays([tmp_path])
+
+
+def test_explain_cites_each_computed_replay_of_a_harmed_claim(native_whatif: Path) -> None:
+    found = replays.find_replays([native_whatif])
+    with kvclaims.open([NATIVE_80]) as a:
+        (s,) = explain(a, "tenant-resident", whatifs=found).sections
+    assert s.outcome == "harmed" and len(s.whatif) == 3
+    assert NO_WHATIF not in s.prevention
+    by_point = {r.point: r for r in found}
+    for line in s.whatif:
+        point = re.search(r"under (\w+) at (\d+) usable blocks", line)
+        r = by_point[f"{point[1]}@{point[2]}"]
+        outcome = _claim_outcome(r.run_dir, "claim:resident")
+        assert f"computed {r.computed_utc}, run {r.run_id}" in line
+        assert ("preserved this claim" if outcome == "preserved"
+                else f"left this claim {outcome}") in line
+    hard = next(x for x in s.whatif if "hard_protected at 80" in x)
+    refused = scalar(by_point["hard_protected@80"].run_dir,
+                     "SELECT count(*) FROM events WHERE event = 'request_refused'")
+    assert "preserved this claim" in hard and refused == 1
+    assert "1 request(s) of other tenants were refused" in hard and "(recorded: 0, 0, 0)" in hard
+
+
+def test_explain_without_a_computed_replay_says_nothing_counterfactual() -> None:
+    with kvclaims.open(SHIPPED) as a:
+        tenants = [r[0] for r in a.sql("SELECT DISTINCT tenant FROM claims "
+                                       "WHERE tenant IS NOT NULL").fetchall()]
+        sections = [s for t in tenants for s in explain(a, t).sections]
+    assert {s.outcome for s in sections} >= {"harmed", "demoted"}
+    assert all(not s.whatif for s in sections)
+    said = [line for s in sections for line in (*s.why, *s.prevention)]
+    assert not [line for line in said if re.search(r"\bwould\b|\bunder hard_protected\b", line)
+                and line != NO_WHATIF]
+    incidents = [s for s in sections if s.outcome == "harmed" and "not enforced" in
+                 " ".join(s.prevention)]
+    assert incidents and all(NO_WHATIF in s.prevention for s in incidents)
+
+
+def test_explain_cites_a_replay_of_a_demoted_claim(multi_whatif: Path) -> None:
+    found = [r for r in replays.find_replays([multi_whatif]) if r.source_run_id == DEMOTE_RUN]
+    assert len(found) == 1
+    with kvclaims.open([DEMOTE]) as a:
+        (s,) = [x for x in explain(a, "tenant-resident", whatifs=found).sections
+                if x.kind == "claim"]
+    (line,) = s.whatif
+    outcome = _claim_outcome(found[0].run_dir, "claim:resident")
+    assert s.outcome == "demoted" and "under hard_protected at 80 usable blocks" in line
+    assert ("preserved this claim" if outcome == "preserved"
+            else f"left this claim {outcome}") in line
+
+
+def test_a_replay_of_another_run_is_never_cited(native_whatif: Path) -> None:
+    with kvclaims.open([DEMOTE]) as a:
+        (s,) = [x for x in explain(a, "tenant-resident",
+                                   whatifs=replays.find_replays([native_whatif])).sections
+                if x.kind == "claim"]
+    assert s.whatif == [] and NO_WHATIF in s.prevention
+
+
+def test_cli_explain_cites_the_whatif_it_is_given(native_whatif: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["explain", str(NATIVE_80), "--tenant", "tenant-resident", "--format", "json"]
+    assert main([*args, "--whatif", str(native_whatif)]) == 0
+    (cited,) = json.loads(capsys.readouterr().out)["sections"]
+    assert len(cited["whatif"]) == 3
+    assert main(args) == 0
+    (plain,) = json.loads(capsys.readouterr().out)["sections"]
+    assert plain["whatif"] == [] and NO_WHATIF in plain["prevention"]
+
+
+def test_cli_explain_whatif_that_does_not_exist_is_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(NATIVE_80), "--tenant", "tenant-resident",
+                 "--whatif", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_report_shows_the_recorded_run_beside_each_replayed_point(native_whatif: Path) -> None:
+    audit = data.load_audit([NATIVE_80], whatif=[native_whatif])
+    page = build_report(audit)
+    section = page[page.index("<h2 id='whatif'>"):page.index("<h2>Timeline</h2>")]
+    expected = replays.compare(NATIVE_80, replays.replays_of(audit.replays, NATIVE_80.name))
+    assert [r["point"] for r in expected] == ["recorded", "hard_protected@80",
+                                              "hard_protected@100", "native@100"]
+    for row in expected:
+        cells = [html.escape(replays.cell(row[c])) for c in ("point", "claims_harmed",
+                                                             "refused", "lost_harm")]
+        assert re.search(r"<td>{}</td>.*?<td class=\"[^\"]*num\">{}</td>.*?"
+                         r"<td class=\"[^\"]*num\">{}</td>.*?<td class=\"[^\"]*num\">{}</td>"
+                         .format(*map(re.escape, cells)), section), row["point"]
+    assert "blocks lost as harm by usable blocks" in section  # two pool sizes: the chart
+    assert data.NO_WHATIF not in page
+
+
+def test_report_without_a_computed_whatif_says_so_and_shows_none() -> None:
+    page = build_report(data.load_audit([NATIVE_80]))
+    section = page[page.index("<h2 id='whatif'>"):page.index("<h2>Timeline</h2>")]
+    assert html.escape(data.NO_WHATIF) in section and "hard_protected@80" not in section
+
+
+def test_a_whatif_folder_among_the_paths_is_found_beside_its_run(native_whatif: Path) -> None:
+    audit = data.load_audit([NATIVE_80, native_whatif])
+    assert data.whatif_runs(audit) == [NATIVE_80.name] and not data.whatif_orphans(audit)
+
+
+def test_a_whatif_without_its_recorded_run_is_set_beside_nothing(native_whatif: Path) -> None:
+    audit = data.load_audit([native_whatif])
+    assert data.whatif_runs(audit) == [] and len(data.whatif_orphans(audit)) == 3
+
+
+def test_a_single_pool_size_is_a_table_without_a_chart(hard80: Path) -> None:
+    audit = data.load_audit([NATIVE_80], whatif=[hard80])
+    comparison = data.whatif_comparison(audit, NATIVE_80.name)
+    assert len(comparison) == 2 and not data.whatif_chartable(comparison)
+    assert "blocks lost as harm by usable blocks" not in build_report(audit)

@@ -37,6 +37,7 @@ from kvclaims import queries
 from kvclaims.audit import _sql_error
 from kvclaims.explaining import explain, run_days, time_window
 from kvclaims.fleet import open_dataset_audit
+from kvclaims.replays import gather
 from kvclaims.sources.arbiter_traces import convert_file
 from kvclaims.sources.kv_events import import_capture
 
@@ -129,6 +130,11 @@ def register(subparsers: Any) -> None:
                    help="only claims and requests with something at or after TIME")
     p.add_argument("--until", default=None, metavar="TIME",
                    help="only claims and requests with something at or before TIME")
+    p.add_argument("--whatif", action="append", default=[], metavar="DIR",
+                   help="a computed what-if (kvclaims whatif --out DIR, or one of its run "
+                        "directories; repeatable): a harmed or demoted claim cites what the "
+                        "replays of its run did. Replays among RUN_DIR are cited too; without "
+                        "any, nothing counterfactual is said")
     p.add_argument("--out", default=None, metavar="FILE", help="write here instead of stdout")
     audit_options(p)
     p.set_defaults(func=cmd_explain)
@@ -541,7 +547,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         window = time_window(args.at, args.window, args.since, args.until,
                              days=run_days(audit))
         text = explain(audit, args.tenant, claim=args.claim, request=args.request,
-                       window=window).render(args.format)
+                       window=window, whatifs=gather(audit, args.whatif)).render(args.format)
     _write(args.out, text)
     return 0
 

@@ -111,6 +111,8 @@ def _cli(args: Any) -> int:
     if sweep:
         print(render_table(sweep), file=out)
         print(f"sweep chart: {chart}", file=out)
+    print(f"shown beside the recording by: kvclaims report|dashboard|explain {result.source} "
+          f"--whatif {result.out}", file=out)
     return 0
 
 
