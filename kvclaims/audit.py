@@ -487,16 +487,22 @@ def _open_dataset(root: Path, *, runs: Sequence[str] | None, memory_limit: str |
     documented and fleet views, locked down to reading the dataset."""
     import duckdb
 
+    # NOTE: the views scan by absolute path (a later chdir changes nothing); a folder name
+    # DuckDB would read as a glob pattern is refused rather than misread
+    base = root.resolve()
+    if any(c in core._GLOB_CHARS for c in str(base)):
+        raise InputError(f"{root}: a fleet dataset's path cannot hold any of "
+                         f"{''.join(sorted(core._GLOB_CHARS))}")
     con, tmp = core.open_database(memory_limit=memory_limit, temp_directory=temp_directory,
                                   threads=threads)
     try:
-        present = dataset_tables(root)
+        present = dataset_tables(base)
         for table in present:
             if not table.isidentifier():
                 raise InputError(f"{root / table}: not a table name")
             where = f" WHERE run_id IN ({_sql_list(runs)})" if runs else ""
             con.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM "
-                        f"{_dataset_source(root, table)}{where}")
+                        f"{_dataset_source(base, table)}{where}")
         manifests = {rid: json.loads(text) for rid, text in con.execute(
             "SELECT run_id, manifest_json FROM manifests").fetchall()}
         missing = sorted(set(runs or ()) - set(manifests))
@@ -521,7 +527,7 @@ def _open_dataset(root: Path, *, runs: Sequence[str] | None, memory_limit: str |
                   truncated_runs=truncated, tables=tables, views=view_names,
                   dataset=root, _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
     if lock:
-        lock_down(con, allowed_directories=[str(root.resolve()) + os.sep])
+        lock_down(con, allowed_directories=[str(base) + os.sep])
         audit.locked = True
     return audit
 

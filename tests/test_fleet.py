@@ -246,6 +246,22 @@ def test_a_folder_neither_run_nor_dataset_is_a_one_line_error(tmp_path: Path,
     assert err_text.count("\n") == 1 and "Traceback" not in err_text
 
 
+def test_a_dataset_opened_by_a_relative_path_reads_after_a_chdir(dataset: Path, tmp_path: Path,
+                                                                 monkeypatch: Any) -> None:
+    monkeypatch.chdir(dataset.parent)
+    with kvclaims.open(dataset.name) as audit:
+        monkeypatch.chdir(tmp_path)
+        assert audit.sql("SELECT count(*) FROM events").fetchall()[0][0] > 0
+
+
+def test_a_dataset_path_with_glob_characters_is_a_one_line_error(dataset: Path,
+                                                                  tmp_path: Path) -> None:
+    odd = shutil.copytree(dataset, tmp_path / "fleet[1]")
+    with pytest.raises(InputError, match="cannot hold any of") as err:
+        kvclaims.open(odd)
+    assert "\n" not in str(err.value)
+
+
 def test_a_dataset_is_not_opened_together_with_run_directories(dataset: Path,
                                                                fleet_dirs: list[Path]) -> None:
     with pytest.raises(InputError, match="opened alone"):
