@@ -2,6 +2,7 @@
 
     import kvclaims
     audit = kvclaims.open(["traces/multi_tenant"])           # run dirs, sweeps, globs, .jsonl
+    fleet = kvclaims.open("fleet/")                          # or a fleet dataset (docs/fleet.md)
     audit.sql("SELECT label, count(*) FROM losses GROUP BY label").pl()
     audit.table("claims").df()
     audit.view("claim_outcomes").pl()
@@ -91,15 +92,19 @@ def _sql_error(exc: BaseException) -> InputError:
     return InputError(f"SQL error: {_first_line(exc)}")
 
 
-def lock_down(con: Any, allowed_paths: Sequence[str] = ()) -> None:
+def lock_down(con: Any, allowed_paths: Sequence[str] = (),
+              allowed_directories: Sequence[str] = ()) -> None:
     """No file access, no extensions, no replacement scans of Python variables, and no later
     change to any of that (``lock_configuration``).
 
     ``allowed_paths``: files DuckDB may still read (the Parquet files under the ``events``
-    view, which it scans for each query); everything else is refused, writing always.
+    view, which it scans for each query); ``allowed_directories``: folders it may read
+    (a fleet dataset, whose views scan its tables' folders); everything else is refused.
     """
     if allowed_paths:
         con.execute("SET allowed_paths = ?", [list(allowed_paths)])
+    if allowed_directories:
+        con.execute("SET allowed_directories = ?", [list(allowed_directories)])
     for setting in ("python_enable_replacements", "autoinstall_known_extensions",
                     "autoload_known_extensions", "enable_external_access"):
         con.execute(f"SET {setting} = false")
@@ -187,6 +192,45 @@ def _table_digests(folder: Path, tables: Sequence[str]) -> dict[str, str] | None
     return out
 
 
+# -- fleet datasets -----------------------------------------------------------------------------
+
+#: The tables every fleet dataset holds (``kvclaims.fleet`` writes them; ``open`` knows a
+#: dataset by them).
+DATASET_REQUIRED: Final[tuple[str, ...]] = ("events", "manifests")
+
+
+def is_dataset(path: str | Path) -> bool:
+    """Whether ``path`` is a fleet dataset (``kvclaims reconstruct --engine spark --out``):
+    a folder per table, ``events/`` and ``manifests/`` among them, and no run directory."""
+    p = Path(path)
+    return (p.is_dir() and all((p / t).is_dir() for t in DATASET_REQUIRED)
+            and not loader.is_run_dir(p))
+
+
+def dataset_tables(out: str | Path) -> list[str]:
+    """The tables a fleet dataset holds (one folder each)."""
+    return sorted(p.name for p in Path(out).iterdir()
+                  if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def dataset_glob(out: str | Path, table: str) -> str:
+    """The Parquet files of one table of a dataset."""
+    return str(Path(out) / table / "*" / "*" / "*.parquet")
+
+
+def _dataset_source(out: Path, table: str) -> str:
+    """DuckDB's scan of one table of a dataset: every partition's files by column name (a run
+    sealed by an older schema lacks newer columns), ``run_id`` from the path (it wins over a
+    copy inside the file: the sealed events hold one)."""
+    path = dataset_glob(out, table).replace("'", "''")
+    return (f"(SELECT * EXCLUDE (date) FROM read_parquet('{path}', hive_partitioning = true, "
+            "union_by_name = true, hive_types = {'date': VARCHAR, 'run_id': VARCHAR}))")
+
+
+def _sql_list(values: Sequence[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
 # -- the audit ----------------------------------------------------------------------------------
 
 @dataclass
@@ -206,6 +250,11 @@ class Audit:
     views: list[str] = field(default_factory=list)
     reused: bool = False
     locked: bool = False
+    #: the fleet dataset the audit reads (None: run directories or traces)
+    dataset: Path | None = None
+    #: each run's events as one Parquet file in seq order (what ``events`` scans: the sealed
+    #: ``events.parquet``, or the copy made during the read); none for a dataset
+    event_files: dict[str, Path] = field(default_factory=dict)
     # NOTE: removes the temporary database once the connection is gone: relations keep the
     # connection alive, so kvclaims.open(p).sql(...).pl() works on a dropped Audit
     _cleanup: Any = field(default=None, repr=False)
@@ -258,6 +307,7 @@ class Audit:
         """Write the reconstructed tables as ``OUT_DIR/<table>.parquet`` (``run_id``'s rows
         only if given), without the derived ``ts`` column."""
 
+        self._refuse_on_dataset("write")
         names = self._reconstructed()
         raw = write_tables(self.con, [_RAW + n if self._wrapped(n) else n for n in names],
                            out_dir, run_id=run_id)
@@ -273,6 +323,7 @@ class Audit:
         """Write each run's tables to ``RUN_DIR/reconstructed/`` with the stamp that lets a
         later ``open`` reuse them; returns where each run went."""
 
+        self._refuse_on_dataset("write_reconstructed")
         code = _code_version()
         written = {}
         for rid in self.runs:
@@ -292,6 +343,7 @@ class Audit:
         """Per run: events, loss counts by label, claim, request outcomes, findings (needs
         the reconstruction's run facts: an audit opened with ``reuse=False``)."""
 
+        self._refuse_on_dataset("summary")
         return Tables(self.con, self.runs).summary()
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -317,6 +369,12 @@ class Audit:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _refuse_on_dataset(self, what: str) -> None:
+        # NOTE: a dataset holds the tables, not the reconstruction's run facts or run dirs
+        if self.dataset is not None:
+            raise InputError(f"{what}: not for a fleet dataset ({self.dataset}): its tables "
+                             "are written already; open the run directories for this")
+
     def _wrapped(self, name: str) -> bool:
         return bool(self.con.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
@@ -329,8 +387,10 @@ class Audit:
 def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | None = None,
                progress: Callable[[str], None] | None = None,
                temp_directory: str | Path | None = None, threads: int | None = None,
-               reuse: bool = True, lock: bool = True, views: bool = True) -> Audit:
-    """Open run directories, sweep directories, globs or JSON Lines traces as one ``Audit``.
+               reuse: bool = True, lock: bool = True, views: bool = True,
+               utc: bool | None = None, runs: Sequence[str] | None = None) -> Audit:
+    """Open run directories, sweep directories, globs or JSON Lines traces, or one fleet
+    dataset (``kvclaims.fleet``; ``runs``: only these run ids of it), as one ``Audit``.
 
     Reads every run once, checked (``events`` is then a view over the runs' Parquet files: a
     sealed ``events.parquet`` where it was read whole, else a copy made during the read),
@@ -339,15 +399,32 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     ``reuse``), adds ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views
     and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
     (no ``ts``, no views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each stage's
-    name, and ``views``. Bad input raises ``InputError`` (one line, naming the file).
+    name, and ``views``. ``utc`` adds the ``ts`` columns without the views (default: with
+    them). Bad input raises ``InputError`` (one line, naming the file).
+
+    A fleet dataset's tables are views over its Parquet files (nothing is reconstructed);
+    ``events`` gains ``ts`` there (its files are the runs' sealed events), the other tables
+    hold it already; the views are the documented ones and the fleet views
+    (``queries/fleet/*.sql``). ``write``, ``write_reconstructed`` and ``summary`` need run
+    directories and say so.
     """
     import duckdb
 
-
     given = expand_paths(paths)
+    datasets = [p for p in given if is_dataset(p)]
+    if datasets:
+        if len(given) > 1:
+            raise InputError(f"{datasets[0]}: a fleet dataset is opened alone, not with other "
+                             "paths")
+        return _open_dataset(datasets[0], runs=runs, memory_limit=memory_limit,
+                             temp_directory=temp_directory, threads=threads, lock=lock,
+                             views=views, progress=progress)
+    if runs is not None:
+        raise InputError("runs= picks runs of a fleet dataset; for run directories name "
+                         "the directories")
     jsonl = [p for p in given if p.is_file() and p.suffix == ".jsonl"]
     dirs = [p for p in given if p not in jsonl]
-    runs = loader.open_runs(dirs) if dirs else []
+    opened = loader.open_runs(dirs) if dirs else []
     info = core.StreamedInput({}, {}, [], set())
     con, tmp = core.open_database(memory_limit=memory_limit, temp_directory=temp_directory,
                                   threads=threads)
@@ -355,9 +432,9 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     try:
         events = core.load_jsonl(jsonl) if jsonl else None
         if events is not None:
-            _check_unique_runs(events, runs)
+            _check_unique_runs(events, opened)
         folder = os.path.join(tmp, "events")
-        files, n = core.stage_events(runs, info, folder, extra=events)
+        files, n = core.stage_events(opened, info, folder, extra=events)
         if events is not None:
             for rid in events.column("run_id").unique().to_pylist():
                 info.manifests.setdefault(rid, {"run_id": rid, "source": "jsonl"})
@@ -366,19 +443,19 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
             progress("read")
         if n == 0 and not info.manifests:
             raise InputError("no events to reconstruct")
-        fresh = _fresh_tables(runs, _code_version()) if reuse and runs and not jsonl else None
+        fresh = _fresh_tables(opened, _code_version()) if reuse and opened and not jsonl else None
         if fresh is not None:
             for name in fresh:
-                files = [str(r.path / RECONSTRUCTED_DIR / f"{name}.parquet") for r in runs]
+                stored = [str(r.path / RECONSTRUCTED_DIR / f"{name}.parquet") for r in opened]
                 con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM read_parquet(?, "
-                            "union_by_name = true)", [files])
+                            "union_by_name = true)", [stored])
             if progress is not None:
                 progress("reused reconstructed/")
         else:
             core.run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
                             progress=progress, persist=False, sources=files)
         _register_manifests(con, info)
-        tables = _add_utc(con) if views else _shown(con)
+        tables = _add_utc(con) if (views if utc is None else utc) else _shown(con)
 
         view_names = queries.apply(con) if views else []
         if progress is not None:
@@ -386,7 +463,7 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
         audit = Audit(con=con, runs=sorted(info.manifests), manifests=dict(info.manifests),
                       run_dirs=dict(info.run_dirs), truncations=list(info.truncations),
                       truncated_runs=set(info.truncated_runs), tables=tables, views=view_names,
-                      reused=fresh is not None,
+                      reused=fresh is not None, event_files=dict(files),
                       _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
         if lock:
             lock_down(con, allowed_paths=allowed)
@@ -400,6 +477,59 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
         if audit is None:
             core.drop_database(con, tmp)
         raise
+
+
+def _open_dataset(root: Path, *, runs: Sequence[str] | None, memory_limit: str | None,
+                  temp_directory: str | Path | None, threads: int | None, lock: bool,
+                  views: bool, progress: Callable[[str], None] | None) -> Audit:
+    """A fleet dataset as an ``Audit`` (``open_audit``): each table a view over its Parquet
+    files (only ``runs``' partitions if given), ``ts`` added where a table lacks it, the
+    documented and fleet views, locked down to reading the dataset."""
+    import duckdb
+
+    # NOTE: the views scan by absolute path (a later chdir changes nothing); a folder name
+    # DuckDB would read as a glob pattern is refused rather than misread
+    base = root.resolve()
+    if any(c in core._GLOB_CHARS for c in str(base)):
+        raise InputError(f"{root}: a fleet dataset's path cannot hold any of "
+                         f"{''.join(sorted(core._GLOB_CHARS))}")
+    con, tmp = core.open_database(memory_limit=memory_limit, temp_directory=temp_directory,
+                                  threads=threads)
+    try:
+        present = dataset_tables(base)
+        for table in present:
+            if not table.isidentifier():
+                raise InputError(f"{root / table}: not a table name")
+            where = f" WHERE run_id IN ({_sql_list(runs)})" if runs else ""
+            con.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM "
+                        f"{_dataset_source(base, table)}{where}")
+        manifests = {rid: json.loads(text) for rid, text in con.execute(
+            "SELECT run_id, manifest_json FROM manifests").fetchall()}
+        missing = sorted(set(runs or ()) - set(manifests))
+        if missing:
+            raise InputError(f"{root}: no run {missing[0]!r} in the dataset")
+        truncated = {r[0] for r in con.execute(
+            "SELECT run_id FROM manifests WHERE truncated").fetchall()}
+        _register_clock(con, manifests)
+        if progress is not None:
+            progress("read")
+        tables = _add_utc(con, _order_shown(present)) if views else _order_shown(present)
+        view_names = (queries.apply(con) + queries.apply_fleet(con)) if views else []
+        if progress is not None:
+            progress("views")
+    except duckdb.Error as exc:
+        core.drop_database(con, tmp)
+        raise InputError(f"{root}: cannot read the fleet dataset: {_first_line(exc)}") from None
+    except BaseException:
+        core.drop_database(con, tmp)
+        raise
+    audit = Audit(con=con, runs=sorted(manifests), manifests=manifests,
+                  truncated_runs=truncated, tables=tables, views=view_names,
+                  dataset=root, _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
+    if lock:
+        lock_down(con, allowed_directories=[str(base) + os.sep])
+        audit.locked = True
+    return audit
 
 
 def _check_unique_runs(events: Any, runs: Sequence[Any]) -> None:
@@ -418,7 +548,12 @@ def _register_manifests(con: Any, info: Any) -> None:
     con.register("kv_manifests_in", trace.manifests_table())
     con.execute("CREATE OR REPLACE TEMP TABLE manifests AS SELECT * FROM kv_manifests_in")
     con.unregister("kv_manifests_in")
-    con.register("kv_clock_in", clock_table(info.manifests))
+    _register_clock(con, info.manifests)
+
+
+def _register_clock(con: Any, manifests: dict[str, dict[str, Any]]) -> None:
+    """``kv_clock``: each run's wall-clock anchor, what ``ts`` is computed from."""
+    con.register("kv_clock_in", clock_table(manifests))
     con.execute("CREATE OR REPLACE TEMP TABLE kv_clock AS SELECT * FROM kv_clock_in")
     con.unregister("kv_clock_in")
 
@@ -426,21 +561,29 @@ def _register_manifests(con: Any, info: Any) -> None:
 def _shown(con: Any) -> list[str]:
     """The tables an audit shows: events, manifests, the reconstructed tables, then any other
     non-internal table a stage made (``kv_*`` are the stages' own)."""
-    present = {r[0] for r in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
+    # NOTE: events (a view over the runs' files) and manifests are always shown
+    return _order_shown(["events", "manifests"] + [r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()])
+
+
+def _order_shown(names: Any) -> list[str]:
+    """Tables in the order an audit shows them: events, manifests, the reconstructed tables,
+    then any other (``kv_*`` are the stages' own, never shown)."""
+    present = set(names)
     # NOTE: any other non-internal table a stage adds (e.g. ``lowering``) is shown too
-    shown = ["events", "manifests"] + [t for t in TABLE_NAMES if t in present]
+    shown = [t for t in ("events", "manifests", *TABLE_NAMES) if t in present]
     return shown + sorted(t for t in present if t not in shown and not t.startswith("kv_"))
 
 
-def _add_utc(con: Any) -> list[str]:
+def _add_utc(con: Any, shown: list[str] | None = None) -> list[str]:
     """Give every shown table with ``ts_ns`` a ``ts`` column (UTC ``TIMESTAMP``; likewise
     ``X_ts_ns`` -> ``X_ts``): the table becomes ``kv_raw_<name>`` and a view ``<name>`` adds
     the columns. Returns the shown tables.
 
-    NOTE: ts = anchor utc + (ts_ns - anchor ts_ns); NULL when the run has no clock.
+    NOTE: ts = anchor utc + (ts_ns - anchor ts_ns); NULL when the run has no clock. A table
+    that has ``ts`` already (a fleet dataset's, written with it) is left as it is.
     """
-    shown = _shown(con)
+    shown = _shown(con) if shown is None else shown
     for name in shown:
         cols = [r[0] for r in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [name]).fetchall()]

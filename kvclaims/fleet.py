@@ -6,11 +6,12 @@ run(s) through the **same** facade as ``kvclaims.open`` (``kvclaims.audit.open_a
 loader's checked read, every reconstruction stage, the ``ts`` columns) and writes every table
 the audit shows (``events``, ``manifests``, ``losses``, ``loss_claims``, ``claims``,
 ``requests``, ``feasibility``, ``findings``, ``conformance``, ``lowering``, and any table a
-stage adds) as Parquet partitions. No per-run stage runs as Spark SQL; nothing is shuffled.
+stage adds) as Parquet partitions (``write_dataset``). No per-run stage runs as Spark SQL;
+nothing is shuffled.
 
 Spark SQL runs only where runs meet: the fleet views (``queries/fleet/*.sql``: claims harmed
 per tenant per day, capacity by policy, findings by kind), one SQL text each, read over the
-dataset by Spark (``open_dataset_spark``) and by DuckDB (``open_dataset_duckdb``) alike.
+dataset by Spark (``open_dataset_spark``) and by DuckDB (``kvclaims.open(OUT)``) alike.
 
 Output layout (one Parquet dataset per table, Hive-partitioned, read alike by DuckDB, Polars
 and Spark)::
@@ -18,7 +19,9 @@ and Spark)::
     OUT/<table>/date=YYYY-MM-DD/run_id=<run>/part-0.parquet
 
 ``date`` is the UTC day the run started (from the manifest's wall-clock anchor), or
-``unknown`` for runs without a clock. ``run_id`` lives in the path, not in the files.
+``unknown`` for runs without a clock. ``run_id`` lives in the path (the reconstructed
+tables' files have none; the events' files are the runs' own, which hold one). A run without
+rows of a table has no file there.
 
 NOTE: a run is never split: its labels need its events in order. Runs are scheduled largest
 first (by events, then bytes on disk), so a giant run starts at once and overlaps with all the
@@ -30,7 +33,6 @@ mixes runs) so that the audit's fixed cost per opening is paid per task, not per
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import shutil
@@ -45,7 +47,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from kvclaims import queries
-from kvclaims.audit import open_audit
+from kvclaims.audit import dataset_tables, open_audit
 from kvclaims.contract.clock import clock_anchor
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import TABLE_NAMES
@@ -194,70 +196,119 @@ def _sql_string(text: str) -> str:
 def write_table_partitions(con: Any, table: str, runs: Sequence[FleetRun],
                            table_dir: Path) -> dict[str, int]:
     """Write one table of an audit's connection as ``table_dir/date=…/run_id=…/part-0.parquet``
-    (zstd; ``date`` and ``run_id`` in the path, not in the files), one partition per run, an
-    empty file where a run has no rows; returns the rows per run.
+    (zstd; ``date`` and ``run_id`` in the path, not in the files), one partition per run that
+    has rows; returns the rows per run.
+
+    A run without rows has no file (readers see no rows for it either way); only when none of
+    ``runs`` has a row is one empty file written (the first run's), so the table's folder
+    always holds its schema.
 
     NOTE: one DuckDB ``COPY ... PARTITION_BY`` per table, streamed, not one query per run and
     table (a query's fixed cost times runs x tables was most of a task's time); a task that
-    runs again rewrites the same names (``OVERWRITE_OR_IGNORE``). Needs ``kv_fleet_dates``.
+    runs again rewrites the same names (``OVERWRITE_OR_IGNORE``). Each file costs a few ms of
+    CPU (Parquet metadata, column writers), hence none for an empty partition. Needs
+    ``kv_fleet_dates``.
     """
     rows = dict(con.execute(f"SELECT run_id, count(*) FROM {table} GROUP BY run_id").fetchall())
     table_dir.mkdir(parents=True, exist_ok=True)
-    if len(runs) == 1:
-        # NOTE: one run: a plain COPY into its partition (a partitioned write costs twice as
-        # much CPU)
-        target = partition_dir(table_dir, runs[0].date, runs[0].run_id)
-        target.mkdir(parents=True, exist_ok=True)
-        con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {table}) TO "
-                    f"{_sql_string(str(target / PART_NAME))} (FORMAT parquet, COMPRESSION zstd)")
-        return {runs[0].run_id: rows.get(runs[0].run_id, 0)}
-    con.execute(f"""
-        COPY (SELECT t.*, d.date FROM {table} t JOIN kv_fleet_dates d ON d.run_id = t.run_id)
-        TO {_sql_string(str(table_dir))}
-        (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, run_id), OVERWRITE_OR_IGNORE,
-         FILENAME_PATTERN 'part-{{i}}')""")
-    empty: Path | None = None
-    for run in runs:
-        if rows.get(run.run_id, 0):
-            continue
+    with_rows = [r for r in runs if rows.get(r.run_id, 0)]
+    if len(with_rows) <= 1:
+        # NOTE: one run (or none: the empty file that holds the schema): a plain COPY into its
+        # partition (a partitioned write costs twice as much CPU)
+        run = with_rows[0] if with_rows else runs[0]
         target = partition_dir(table_dir, run.date, run.run_id)
         target.mkdir(parents=True, exist_ok=True)
-        if empty is None:
-            # NOTE: DuckDB writes the empty file too, so its types are those of the others
-            empty = target / PART_NAME
-            con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {table} LIMIT 0) TO "
-                        f"{_sql_string(str(empty))} (FORMAT parquet, COMPRESSION zstd)")
-        else:
-            shutil.copyfile(empty, target / PART_NAME)
+        con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {table} WHERE run_id = "
+                    f"{_sql_string(run.run_id)}) TO {_sql_string(str(target / PART_NAME))} "
+                    "(FORMAT parquet, COMPRESSION zstd)")
+    else:
+        con.execute(f"""
+            COPY (SELECT t.*, d.date FROM {table} t JOIN kv_fleet_dates d ON d.run_id = t.run_id)
+            TO {_sql_string(str(table_dir))}
+            (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, run_id), OVERWRITE_OR_IGNORE,
+             FILENAME_PATTERN 'part-{{i}}')""")
     return {run.run_id: rows.get(run.run_id, 0) for run in runs}
 
 
+def copy_event_partitions(audit: Any, runs: Sequence[FleetRun], table_dir: Path
+                          ) -> dict[str, int]:
+    """Write the ``events`` table: each run's events file as the audit read it (its sealed
+    ``events.parquet``, or the copy the read made) copied byte for byte into its partition;
+    returns the rows per run.
+
+    NOTE: a copy, not a re-encoding: writing the events again was a third of a task's CPU.
+    The file keeps its own ``run_id`` column (the path's value is the one readers give) and
+    has no ``ts``: ``kvclaims.open`` over the dataset adds it, as it does over run
+    directories. A run without events has no file; a task with none writes one empty file.
+    """
+    import pyarrow.parquet as pq
+
+    rows = dict(audit.con.execute(
+        "SELECT run_id, count(*) FROM events GROUP BY run_id").fetchall())
+    written = 0
+    for run in runs:
+        source = audit.event_files.get(run.run_id)
+        if source is None or not rows.get(run.run_id, 0):
+            continue
+        target = partition_dir(table_dir, run.date, run.run_id)
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target / PART_NAME)
+        written += 1
+    if not written:
+        target = partition_dir(table_dir, runs[0].date, runs[0].run_id)
+        target.mkdir(parents=True, exist_ok=True)
+        pq.write_table(loader.EVENTS_SCHEMA.empty_table(), target / PART_NAME,
+                       compression="zstd")
+    return {run.run_id: rows.get(run.run_id, 0) for run in runs}
+
+
+def write_dataset(audit: Any, runs: Sequence[FleetRun], out: Path) -> dict[str, dict[str, int]]:
+    """Write every table ``audit`` shows into the dataset ``out``, one partition per run
+    (``copy_event_partitions`` for ``events``, ``write_table_partitions`` for the others);
+    returns the rows written per run and table."""
+    rows: dict[str, dict[str, int]] = {r.run_id: {} for r in runs}
+    dates = pa.table({"run_id": [r.run_id for r in runs], "date": [r.date for r in runs]})
+    audit.con.register("kv_fleet_dates_in", dates)
+    audit.con.execute("CREATE OR REPLACE TEMP TABLE kv_fleet_dates AS "
+                      "SELECT * FROM kv_fleet_dates_in")
+    audit.con.unregister("kv_fleet_dates_in")
+    for table in audit.tables:
+        if "run_id" not in audit.con.table(table).columns:
+            raise InputError(f"{table}: the audit's table has no run_id column")
+        if table == "events":
+            written = copy_event_partitions(audit, runs, out / table)
+        else:
+            written = write_table_partitions(audit.con, table, runs, out / table)
+        for rid, n in written.items():
+            rows[rid][table] = n
+    return rows
+
+
 def audit_runs(runs: Sequence[FleetRun], out: str | Path, *, memory_limit: str = "1GB",
-               threads: int | None = 1) -> dict[str, dict[str, int]]:
+               threads: int | None = 1, cpu: dict[str, float] | None = None
+               ) -> dict[str, dict[str, int]]:
     """Audit ``runs`` exactly as ``kvclaims.open`` does (one audit over them: no stage mixes
-    runs) and write every table it shows, one partition per run (``write_table_partitions``);
-    returns the rows written per run and table.
+    runs; the ``ts`` columns, not the views: nothing here reads them) and write every table
+    it shows (``write_dataset``); returns the rows written per run and table. ``cpu``, if
+    given, gets this process's CPU seconds in the audit (``audit``) and the writes
+    (``write``).
 
     Raises ``InputError`` (one line) when a run cannot be read.
     """
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows: dict[str, dict[str, int]] = {r.run_id: {} for r in runs}
-    dates = pa.table({"run_id": [r.run_id for r in runs], "date": [r.date for r in runs]})
+    c0 = time.process_time()
     with open_audit([r.run_dir for r in runs], memory_limit=memory_limit, threads=threads,
-                    reuse=False, lock=False) as audit:
-        missing = sorted(set(rows) - set(audit.runs))
+                    reuse=False, lock=False, views=False, utc=True) as audit:
+        missing = sorted({r.run_id for r in runs} - set(audit.runs))
         if missing:
             raise InputError(f"run {missing[0]!r} is not in the audit of its directory")
-        audit.con.register("kv_fleet_dates_in", dates)
-        audit.con.execute("CREATE TEMP TABLE kv_fleet_dates AS SELECT * FROM kv_fleet_dates_in")
-        audit.con.unregister("kv_fleet_dates_in")
-        for table in audit.tables:
-            if "run_id" not in audit.con.table(table).columns:
-                raise InputError(f"{table}: the audit's table has no run_id column")
-            for rid, n in write_table_partitions(audit.con, table, runs, out / table).items():
-                rows[rid][table] = n
+        c1 = time.process_time()
+        rows = write_dataset(audit, runs, out)
+    if cpu is not None:
+        cpu["audit"] = cpu.get("audit", 0.0) + c1 - c0
+        cpu["write"] = cpu.get("write", 0.0) + time.process_time() - c1
     return rows
 
 
@@ -266,7 +317,7 @@ def run_task(task: tuple[int, list[dict[str, Any]]], out: str, memory_limit: str
     """What each Spark task runs: audit its runs (``audit_runs``) and return one status row
     per run (``kind`` ``run``: events, losses, error) and one for the task (``kind``
     ``task``: its runs, events, when it started (epoch seconds), wall and CPU seconds of this
-    worker).
+    worker, the CPU seconds in the audit and in the writes).
 
     A pack that fails on a bad run is audited again one run at a time, so only that run is
     reported as failed (its one-line error); the fleet goes on.
@@ -275,7 +326,8 @@ def run_task(task: tuple[int, list[dict[str, Any]]], out: str, memory_limit: str
     runs = [FleetRun(**item) for item in items]
     started = time.time()
     t0, c0 = time.perf_counter(), time.process_time()
-    statuses = _audit_or_split(runs, out, memory_limit, threads)
+    split: dict[str, float] = {}
+    statuses = _audit_or_split(runs, out, memory_limit, threads, split)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     for s in statuses:
         s["task"] = index
@@ -283,12 +335,13 @@ def run_task(task: tuple[int, list[dict[str, Any]]], out: str, memory_limit: str
                      "run_ids": [r.run_id for r in runs],
                      "events": sum(s["events"] for s in statuses),
                      "started": started, "seconds": wall, "cpu_seconds": cpu,
-                     "pid": os.getpid()})
+                     "audit_cpu_seconds": split.get("audit", 0.0),
+                     "write_cpu_seconds": split.get("write", 0.0), "pid": os.getpid()})
     return statuses
 
 
 def _audit_or_split(runs: list[FleetRun], out: str, memory_limit: str,
-                    threads: int | None) -> list[dict[str, Any]]:
+                    threads: int | None, cpu: dict[str, float]) -> list[dict[str, Any]]:
     def status(run: FleetRun, error: str | None = None,
                rows: dict[str, int] | None = None) -> dict[str, Any]:
         rows = rows or {}
@@ -297,11 +350,12 @@ def _audit_or_split(runs: list[FleetRun], out: str, memory_limit: str,
                 "losses": rows.get("losses", 0), "tables": len(rows), "error": error}
 
     try:
-        written = audit_runs(runs, out, memory_limit=memory_limit, threads=threads)
+        written = audit_runs(runs, out, memory_limit=memory_limit, threads=threads, cpu=cpu)
     except InputError as exc:
         if len(runs) == 1:
             return [status(runs[0], error=str(exc))]
-        return [s for run in runs for s in _audit_or_split([run], out, memory_limit, threads)]
+        return [s for run in runs
+                for s in _audit_or_split([run], out, memory_limit, threads, cpu)]
     return [status(run, rows=written[run.run_id]) for run in runs]
 
 
@@ -421,105 +475,21 @@ def reconstruct_spark(patterns: Sequence[str | Path], out: str | Path, *, spark:
 
 # -- reading a fleet dataset back -----------------------------------------------------------------
 
-def dataset_tables(out: str | Path) -> list[str]:
-    """The tables a fleet dataset holds (one folder each)."""
-    return sorted(p.name for p in Path(out).iterdir()
-                  if p.is_dir() and not p.name.startswith(("_", ".")))
-
-
-def dataset_glob(out: str | Path, table: str) -> str:
-    """The Parquet files of one table of a dataset."""
-    return str(Path(out) / table / "*" / "*" / "*.parquet")
-
-
-def open_dataset_duckdb(out: str | Path, con: Any = None) -> Any:
-    """A DuckDB connection with each table of a fleet dataset as a view, the documented
-    per-run views (``queries/*.sql``) and the fleet views (``queries/fleet/*.sql``)."""
-    import duckdb
-
-
-    con = con or duckdb.connect()
-    for table in dataset_tables(out):
-        path = dataset_glob(out, table).replace("'", "''")
-        source = (f"read_parquet('{path}', hive_partitioning = true, union_by_name = true, "
-                  "hive_types = {'date': VARCHAR, 'run_id': VARCHAR})")
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * EXCLUDE (date) FROM {source}")
-    queries.apply(con)
-    queries.apply_fleet(con)
-    return con
-
-
 def open_dataset_spark(spark: Any, out: str | Path) -> list[str]:
     """Register each table of a fleet dataset and every fleet view on a Spark session; return
     the fleet views' names.
 
     NOTE: only the fleet views run on Spark: the per-run views are DuckDB SQL over one audit
-    (``open_dataset_duckdb`` serves them over the dataset).
+    (``kvclaims.open`` serves them over the dataset). ``events`` has no ``ts`` here (the
+    runs' sealed files); every other table has it.
     """
 
     for table in dataset_tables(out):
-        # NOTE: Spark unescapes the run ids in the partition paths
-        spark.read.parquet(str(Path(out) / table)).drop("date").createOrReplaceTempView(table)
+        # NOTE: Spark unescapes the run ids in the partition paths; a run's events are its
+        # sealed file, maybe of an older schema: merged by name (the other tables are all
+        # written by one code)
+        reader = spark.read.option("mergeSchema", "true") if table == "events" else spark.read
+        reader.parquet(str(Path(out) / table)).drop("date").createOrReplaceTempView(table)
     for view in queries.FLEET_VIEWS:
         spark.sql(queries.fleet_sql_text(view))
     return list(queries.FLEET_VIEWS)
-
-
-# -- an audit read from a dataset (explanations) --------------------------------------------------
-
-@dataclass
-class DatasetAudit:
-    """A fleet dataset opened like an audit (``kvclaims.open``) for readers such as
-    ``kvclaims explain``: ``con`` (DuckDB, every table a view, plus the documented views),
-    ``runs``, ``tables``, ``manifests``, ``clocks``; only ``run_ids``' rows if given."""
-
-    con: Any
-    runs: list[str]
-    tables: list[str]
-    manifests: dict[str, dict[str, Any]]
-    truncations: list[str] = field(default_factory=list)
-
-    @property
-    def clocks(self) -> dict[str, Any]:
-        """Each run's wall-clock anchor (``kvclaims.contract.clock.clock_anchor``), None without one."""
-        return {rid: clock_anchor(m) for rid, m in self.manifests.items()}
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.con.close()
-
-    def __enter__(self) -> DatasetAudit:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def open_dataset_audit(out: str | Path, run_ids: Sequence[str] | None = None) -> DatasetAudit:
-    """Open a fleet dataset (``reconstruct_spark``'s output) as a read-only audit.
-
-    Raises ``InputError`` when ``out`` is not a dataset or a run id is not in it.
-    """
-    import duckdb
-
-    root = Path(out)
-    if not (root / "manifests").is_dir() or not (root / "events").is_dir():
-        raise InputError(f"{root}: not a fleet dataset (no manifests/ and events/ tables)")
-    con = duckdb.connect()
-    open_dataset_duckdb(root, con)
-    held = [r[0] for r in con.execute("SELECT run_id FROM manifests ORDER BY run_id").fetchall()]
-    if run_ids:
-        missing = sorted(set(run_ids) - set(held))
-        if missing:
-            con.close()
-            raise InputError(f"{root}: no run {missing[0]!r} in the dataset")
-        for table in dataset_tables(root):
-            # NOTE: the run filter sits under every view, so every reader sees only those runs
-            con.execute(f"ALTER VIEW {table} RENAME TO kv_all_{table}")
-            wanted = ", ".join("'" + r.replace("'", "''") + "'" for r in run_ids)
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM kv_all_{table} "
-                        f"WHERE run_id IN ({wanted})")
-        held = sorted(run_ids)
-    manifests = {rid: json.loads(text) for rid, text in con.execute(
-        "SELECT run_id, manifest_json FROM manifests").fetchall()}
-    return DatasetAudit(con, held, dataset_tables(root), manifests)

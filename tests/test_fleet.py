@@ -4,7 +4,8 @@ machine.
 Spark starts once per module (a JVM); the fleet is a handful of shipped runs, a generated run,
 a run split into many segments and a run with a hole. Each task runs the single-machine audit
 over its run(s) and writes every table; Spark SQL runs only the fleet views
-(kvclaims/fleet.py, queries/fleet/).
+(kvclaims/fleet.py, queries/fleet/). The dataset is read back through ``kvclaims.open``, the
+same Audit as run directories give.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+import kvclaims  # noqa: E402
+from kvclaims.contract.schema import InputError  # noqa: E402
 from kvclaims.contract.trace_writer import RunWriter  # noqa: E402
 from kvclaims import fleet  # noqa: E402
 from kvclaims.audit import open_audit  # noqa: E402
@@ -120,6 +123,13 @@ def dataset(dataset_result: dict[str, Any]) -> Path:
 
 
 @pytest.fixture(scope="module")
+def single_views(fleet_dirs: list[Path]) -> Any:
+    """The same runs through ``kvclaims.open`` as a user opens them (locked, the views)."""
+    with kvclaims.open(fleet_dirs, reuse=False) as audit:
+        yield audit
+
+
+@pytest.fixture(scope="module")
 def single(fleet_dirs: list[Path]) -> Any:
     """The same runs through the single-machine audit facade, all at once."""
     audit = open_audit(fleet_dirs, reuse=False, lock=False)
@@ -134,11 +144,44 @@ def _rows(relation: Any) -> list[tuple]:
     return relation.query("r", f"SELECT {cols} FROM r ORDER BY ALL NULLS FIRST").fetchall()
 
 
-def test_every_run_has_one_partition_in_every_table(dataset: Path,
-                                                   fleet_dirs: list[Path]) -> None:
-    for table in fleet.dataset_tables(dataset):
-        run_dirs = list((dataset / table).glob("date=*/run_id=*"))
-        assert len(run_dirs) == len(fleet_dirs), table
+@pytest.fixture(scope="module")
+def opened(dataset: Path) -> Any:
+    """The dataset through the one facade, ``kvclaims.open``, as a user opens it."""
+    with kvclaims.open(dataset) as audit:
+        yield audit
+
+
+def _partitions(dataset: Path, table: str) -> set[str]:
+    return {p.name.removeprefix("run_id=") for p in (dataset / table).glob("date=*/run_id=*")}
+
+
+def test_a_run_with_rows_of_a_table_has_its_partition(dataset: Path, single: Any) -> None:
+    for table in fleet.TABLES_OUT:
+        with_rows = {r[0] for r in single.con.execute(
+            f"SELECT DISTINCT run_id FROM {table}").fetchall()}
+        assert with_rows and with_rows <= _partitions(dataset, table), table
+
+
+def test_a_run_without_rows_of_a_table_has_no_file_there(fleet_dirs: list[Path],
+                                                         tmp_path: Path) -> None:
+    # multi_tenant has no findings, lifecycle_expire has: one task over both
+    runs = fleet.find_fleet_runs(fleet_dirs[:2])
+    written = fleet.audit_runs(runs, tmp_path / "out")
+    without = [r.run_id for r in runs if not written[r.run_id]["findings"]]
+    assert without == ["multi_tenant-hard_protected-80"]
+    assert _partitions(tmp_path / "out", "findings") == {
+        r.run_id for r in runs if r.run_id not in without}
+    assert _partitions(tmp_path / "out", "losses") == {r.run_id for r in runs}
+
+
+def test_a_table_without_rows_keeps_its_schema_in_one_empty_file(fleet_dirs: list[Path],
+                                                                 tmp_path: Path) -> None:
+    run = fleet.find_fleet_runs([fleet_dirs[0]])[0]   # multi_tenant: no findings
+    fleet.audit_runs([run], tmp_path / "out")
+    (file,) = (tmp_path / "out" / "findings").glob("date=*/run_id=*/*.parquet")
+    with kvclaims.open(tmp_path / "out") as audit:
+        assert audit.sql("SELECT count(*) FROM findings").fetchall() == [(0,)]
+        assert {"run_id", "kind", "severity"} <= set(audit.table("findings").columns)
 
 
 def test_dataset_holds_every_table_of_the_audit(dataset: Path, single: Any) -> None:
@@ -156,21 +199,94 @@ def _table(con: Any, table: str) -> Any:
 
 
 @pytest.mark.parametrize("table", fleet.TABLES_OUT + ("lowering",))
-def test_spark_tables_equal_single_machine_tables(dataset: Path, single: Any,
+def test_spark_tables_equal_single_machine_tables(opened: Any, single: Any,
                                                   table: str) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
-    assert _rows(_table(con, table)) == _rows(_table(single.con, table))
+    assert _rows(_table(opened.con, table)) == _rows(_table(single.con, table))
 
 
-def test_table_comparison_sees_one_changed_label(dataset: Path) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
+@pytest.mark.parametrize("view", queries.VIEWS)
+def test_documented_view_over_the_dataset_equals_the_run_directories(opened: Any,
+                                                                     single_views: Any,
+                                                                     view: str) -> None:
+    assert _rows(opened.view(view)) == _rows(single_views.view(view))
+
+
+def test_view_comparison_sees_one_run_left_out(dataset: Path, single_views: Any) -> None:
+    with kvclaims.open(dataset, runs=["gap"]) as audit:
+        assert _rows(audit.view("claim_outcomes")) != _rows(single_views.view("claim_outcomes"))
+
+
+def test_dataset_opens_as_the_same_audit_type(opened: Any, single: Any) -> None:
+    assert type(opened) is type(single) and opened.dataset is not None
+    assert opened.tables == single.tables and opened.runs == single.runs
+
+
+def test_dataset_audit_says_in_one_line_what_needs_run_directories(opened: Any) -> None:
+    for call in (opened.summary, opened.write_reconstructed):
+        with pytest.raises(InputError, match="not for a fleet dataset") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_dataset_audit_is_locked_down_like_any_audit(opened: Any) -> None:
+    with pytest.raises(kvclaims.SQLRefused):
+        opened.sql("SELECT * FROM read_csv('/etc/passwd')").fetchall()
+
+
+def test_a_folder_neither_run_nor_dataset_is_a_one_line_error(tmp_path: Path,
+                                                             capsys: Any) -> None:
+    from kvclaims.cli import main
+
+    (tmp_path / "events").mkdir()           # half a dataset: no manifests/ table
+    with pytest.raises(InputError, match="not a run directory") as err:
+        kvclaims.open(tmp_path)
+    assert "\n" not in str(err.value)
+    assert main(["query", "losses", str(tmp_path)]) == 2
+    err_text = capsys.readouterr().err
+    assert err_text.count("\n") == 1 and "Traceback" not in err_text
+
+
+def test_a_dataset_opened_by_a_relative_path_reads_after_a_chdir(dataset: Path, tmp_path: Path,
+                                                                 monkeypatch: Any) -> None:
+    monkeypatch.chdir(dataset.parent)
+    with kvclaims.open(dataset.name) as audit:
+        monkeypatch.chdir(tmp_path)
+        assert audit.sql("SELECT count(*) FROM events").fetchall()[0][0] > 0
+
+
+def test_a_dataset_path_with_glob_characters_is_a_one_line_error(dataset: Path,
+                                                                  tmp_path: Path) -> None:
+    odd = shutil.copytree(dataset, tmp_path / "fleet[1]")
+    with pytest.raises(InputError, match="cannot hold any of") as err:
+        kvclaims.open(odd)
+    assert "\n" not in str(err.value)
+
+
+def test_a_dataset_is_not_opened_together_with_run_directories(dataset: Path,
+                                                               fleet_dirs: list[Path]) -> None:
+    with pytest.raises(InputError, match="opened alone"):
+        kvclaims.open([dataset, fleet_dirs[0]])
+
+
+def test_cli_query_reads_a_dataset_like_run_directories(dataset: Path, fleet_dirs: list[Path],
+                                                        capsys: Any) -> None:
+    from kvclaims.cli import main
+
+    assert main(["query", "claim_outcomes", *map(str, fleet_dirs), "--format", "csv"]) == 0
+    from_dirs = capsys.readouterr().out
+    assert main(["query", "claim_outcomes", str(dataset), "--format", "csv"]) == 0
+    assert sorted(capsys.readouterr().out.splitlines()) == sorted(from_dirs.splitlines())
+
+
+def test_table_comparison_sees_one_changed_label(opened: Any) -> None:
+    con = opened.con
     changed = con.sql("SELECT * REPLACE (CASE WHEN seq = (SELECT min(seq) FROM losses) "
                       "THEN label || '-changed' ELSE label END AS label) FROM losses")
     assert _rows(changed) != _rows(con.sql("SELECT * FROM losses"))
 
 
-def test_split_run_labels_equal_its_unsplit_twin(dataset: Path) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
+def test_split_run_labels_equal_its_unsplit_twin(opened: Any) -> None:
+    con = opened.con
     whole, split = (con.sql(f"""
         SELECT seq, block_id, label FROM losses WHERE run_id = '{rid}' ORDER BY seq, block_id
         """).fetchall() for rid in ("multi_tenant-hard_protected-80",
@@ -178,19 +294,19 @@ def test_split_run_labels_equal_its_unsplit_twin(dataset: Path) -> None:
     assert whole and whole == split
 
 
-def test_run_with_a_gap_keeps_its_unknown_labels(dataset: Path) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
+def test_run_with_a_gap_keeps_its_unknown_labels(opened: Any) -> None:
+    con = opened.con
     labels = {r[0] for r in con.sql(
         "SELECT label FROM losses WHERE run_id = 'gap'").fetchall()}
     assert "unknown" in labels
 
 
-def test_dataset_reads_the_same_in_polars(dataset: Path) -> None:
+def test_dataset_reads_the_same_in_polars(dataset: Path, opened: Any) -> None:
     import polars as pl
 
     frame = pl.scan_parquet(str(dataset / "losses" / "**" / "*.parquet"),
                             hive_partitioning=True).collect()
-    con = fleet.open_dataset_duckdb(dataset)
+    con = opened.con
     assert frame.height == con.sql("SELECT count(*) FROM losses").fetchall()[0][0] > 0
     assert set(frame["run_id"].unique()) == {r[0] for r in con.sql(
         "SELECT DISTINCT run_id FROM losses").fetchall()}
@@ -211,16 +327,14 @@ def spark_views(spark: Any, dataset: Path) -> list[str]:
 
 @pytest.mark.parametrize("view", queries.FLEET_VIEWS)
 def test_fleet_view_is_equal_on_spark_and_duckdb(spark: Any, spark_views: list[str],
-                                                  dataset: Path, view: str) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
-    from_duckdb = _rows(con.sql(f"SELECT * FROM {view}"))
+                                                  opened: Any, view: str) -> None:
+    from_duckdb = _rows(opened.view(view))
     assert from_duckdb and _spark_view(spark, view) == from_duckdb
 
 
 def test_fleet_view_comparison_sees_one_changed_count(spark: Any, spark_views: list[str],
-                                                      dataset: Path) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
-    changed = _rows(con.sql("SELECT * REPLACE (findings + 1 AS findings) "
+                                                      opened: Any) -> None:
+    changed = _rows(opened.sql("SELECT * REPLACE (findings + 1 AS findings) "
                             "FROM fleet_findings_by_kind"))
     assert _spark_view(spark, "fleet_findings_by_kind") != changed
 
@@ -234,8 +348,16 @@ def test_fleet_views_are_one_sql_text_for_both_engines(spark: Any, spark_views: 
         assert text.lstrip("- ").startswith(view) and f"VIEW {view} AS" in text
 
 
-def test_fleet_view_harmed_claims_follow_the_claims_table(dataset: Path) -> None:
-    con = fleet.open_dataset_duckdb(dataset)
+def test_spark_reads_each_runs_events_from_the_partition_path(spark: Any,
+                                                             spark_views: list[str],
+                                                             opened: Any) -> None:
+    # NOTE: the events' files are the runs' own (with a run_id inside); the path's wins
+    counts = "SELECT run_id, count(*) AS n FROM events GROUP BY run_id"
+    assert _spark_view(spark, f"({counts}) AS c") == _rows(opened.sql(counts))
+
+
+def test_fleet_view_harmed_claims_follow_the_claims_table(opened: Any) -> None:
+    con = opened.con
     ((harmed,),) = con.sql("SELECT count(*) FROM claims WHERE outcome = 'harmed'").fetchall()
     ((viewed,),) = con.sql("SELECT sum(claims_harmed) FROM fleet_claims_harmed").fetchall()
     assert harmed > 0 and viewed == harmed
@@ -262,16 +384,12 @@ def test_a_job_with_a_shuffle_shows_more_than_one_stage(spark: Any) -> None:
 
 
 def test_fleet_refuses_a_non_empty_output(tmp_path: Path, fleet_dirs: list[Path]) -> None:
-    from kvclaims.contract.schema import InputError
-
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(InputError, match="not empty"):
         fleet.reconstruct_spark([str(fleet_dirs[0])], tmp_path, spark=object())
 
 
 def test_fleet_refuses_a_pattern_matching_nothing(tmp_path: Path) -> None:
-    from kvclaims.contract.schema import InputError
-
     with pytest.raises(InputError):
         fleet.find_fleet_runs([str(tmp_path / "nothing-*")])
 
@@ -384,7 +502,7 @@ def test_explanation_from_the_dataset_equals_the_run_directories(dataset: Path,
     from kvclaims.explaining import explain
 
     tenant = _tenants(single)[0]
-    with fleet.open_dataset_audit(dataset) as audit:
+    with kvclaims.open(dataset) as audit:
         from_dataset = explain(audit, tenant).render("text")
     assert from_dataset == explain(single, tenant).render("text")
     assert tenant in from_dataset
@@ -405,7 +523,7 @@ def test_explanation_from_the_dataset_never_names_another_tenant(dataset: Path,
     from kvclaims.explaining import explain
 
     tenant, *others = _tenants(single)
-    with fleet.open_dataset_audit(dataset) as audit:
+    with kvclaims.open(dataset) as audit:
         text = explain(audit, tenant).render("json")
         assert _foreign_ids_shown(audit, tenant, text) == set()
     assert others and all(o not in text for o in others)
@@ -416,7 +534,7 @@ def test_another_tenants_explanation_shows_ids_foreign_to_the_first(dataset: Pat
     from kvclaims.explaining import explain
 
     tenant, other, *_ = _tenants(single)
-    with fleet.open_dataset_audit(dataset) as audit:
+    with kvclaims.open(dataset) as audit:
         text = explain(audit, other).render("json")
         assert _foreign_ids_shown(audit, tenant, text) != set()
 

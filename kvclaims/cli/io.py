@@ -7,6 +7,8 @@
     kvclaims explain RUN_DIR... --tenant T [--claim C] [--request R] [--format text|md|html|json]
     kvclaims explain --dataset DIR [--run RUN_ID] --tenant T ...   # a fleet dataset (Spark)
 
+Every RUN_DIR argument may also be one fleet dataset directory (``kvclaims.open``).
+
 ``sql``, ``query`` and ``explain`` open the runs through the one audit facade
 (``kvclaims.open``): read-only, locked-down SQL (docs/sql.md, docs/explain.md).
 """
@@ -32,11 +34,10 @@ from kvclaims.contract.trace_writer import atomic_output
 import kvclaims
 from kvclaims.sources import jsonl
 from kvclaims.reconstruct.loader import EVENTS_SCHEMA, iter_batches
-from kvclaims.audit import check_read_only
+from kvclaims.audit import check_read_only, is_dataset
 from kvclaims import queries
 from kvclaims.audit import _sql_error
 from kvclaims.explaining import explain, run_days, time_window
-from kvclaims.fleet import open_dataset_audit
 from kvclaims.replays import gather
 from kvclaims.sources.arbiter_traces import convert_file
 from kvclaims.sources.kv_events import import_capture
@@ -333,7 +334,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise InputError("usage: kvclaims query NAME RUN_DIR... (names: kvclaims query --list)")
     name, paths = args.args[0], args.args[1:]
 
-    if name not in queries.VIEWS and name not in queries.TABLES:
+    # NOTE: the fleet views exist over a fleet dataset (the audit says so over run dirs)
+    if name not in queries.VIEWS + queries.FLEET_VIEWS and name not in queries.TABLES:
         raise InputError(f"unknown table or view {name!r}; see 'kvclaims query --list'")
     check_bounds(args)
     with open_audit(args, paths, "query") as audit:
@@ -529,16 +531,19 @@ def write_parquet(rel: Any, out: str | Path) -> int:
 #: Any day: a time of day is checked for syntax before the runs (and their days) are read.
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """``kvclaims explain``: one tenant's post-incident explanation."""
 
     # NOTE: the window's syntax is checked before any trace is read (bad input: one line)
     time_window(args.at, args.window, args.since, args.until, days=[_EPOCH])
     if args.dataset is not None:
-
         if args.paths:
             raise InputError("give either RUN_DIR... or --dataset DIR, not both")
-        source = open_dataset_audit(args.dataset, args.run)
+        if not is_dataset(args.dataset):
+            raise InputError(f"{args.dataset}: not a fleet dataset (no events/ and manifests/ "
+                             "tables)")
+        source = open_audit(args, [args.dataset], "explain", runs=args.run)
     elif args.run:
         raise InputError("--run needs --dataset DIR")
     else:
