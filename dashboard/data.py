@@ -32,6 +32,7 @@ import pandas as pd
 import kvclaims
 from kvclaims.contract.vocabulary import (CHECK_VERDICTS, CLAIM_OUTCOME, EVENT, LABEL, LABELS,
                                           REQUEST_OUTCOME, VERDICT)
+from kvclaims.audit import is_dataset
 from kvclaims.contract.schema import InputError
 from kvclaims.explaining import explain, tenants_by_harm
 from kvclaims.reconstruct.checks import CHECKS as _CHECK_TABLE
@@ -139,12 +140,15 @@ def parse_paths(text: str) -> list[str]:
 
 def check_paths(paths: Sequence[PathLike]) -> tuple[list[str], list[str]]:
     """Split paths into those naming readable run directories (a run, or a sweep holding
-    runs) and error messages for the others. Only manifests are checked here; a corrupt
+    runs) or a fleet dataset, and error messages for the others. Only manifests are checked here; a corrupt
     segment is reported by ``load_audit``."""
 
     good: list[str] = []
     errors: list[str] = []
     for p in paths:
+        if is_dataset(p):  # a fleet dataset opens like runs (``kvclaims.open``)
+            good.append(str(p))
+            continue
         try:
             open_runs([p])
         except InputError as exc:

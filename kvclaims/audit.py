@@ -490,9 +490,9 @@ def _open_dataset(root: Path, *, runs: Sequence[str] | None, memory_limit: str |
     # NOTE: the views scan by absolute path (a later chdir changes nothing); a folder name
     # DuckDB would read as a glob pattern is refused rather than misread
     base = root.resolve()
-    if any(c in core._GLOB_CHARS for c in str(base)):
+    if any(c in core.GLOB_CHARS for c in str(base)):
         raise InputError(f"{root}: a fleet dataset's path cannot hold any of "
-                         f"{''.join(sorted(core._GLOB_CHARS))}")
+                         f"{''.join(sorted(core.GLOB_CHARS))}")
     con, tmp = core.open_database(memory_limit=memory_limit, temp_directory=temp_directory,
                                   threads=threads)
     try:

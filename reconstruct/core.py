@@ -518,7 +518,7 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
 
 
 # Characters DuckDB's read_parquet reads as a glob pattern.
-_GLOB_CHARS: Final[frozenset[str]] = frozenset("*?[]{}")
+GLOB_CHARS: Final[frozenset[str]] = frozenset("*?[]{}")
 
 
 def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[str]:
@@ -540,7 +540,7 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
         else:
             os.symlink(os.path.abspath(path), link)
         paths.append(str(link))
-    if not paths or any(c in _GLOB_CHARS for c in str(out)):
+    if not paths or any(c in GLOB_CHARS for c in str(out)):
         # NOTE: nothing to scan (an empty run), or a folder name DuckDB would glob: a table
         con.register("kv_events_in", pa.RecordBatchReader.from_batches(
             loader.EVENTS_SCHEMA, _read_files(paths)))

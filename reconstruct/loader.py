@@ -266,7 +266,8 @@ def _find_run_dirs(p: Path) -> list[Path]:
             dirs.clear()  # NOTE: a run directory never nests another run
     if not found:
         raise TraceError(f"{p}: not a run directory (no {MANIFEST_NAME} or "
-                         f"{SEGMENT_PREFIX}*{SEGMENT_SUFFIX}) and contains none")
+                         f"{SEGMENT_PREFIX}*{SEGMENT_SUFFIX}), contains none and is no fleet "
+                         "dataset (no events/ and manifests/)")
     return found
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from kvclaims.contract.vocabulary import CHECK_VERDICTS
 from kvclaims.dashboard import data
+from kvclaims import fleet
 from kvclaims.contract.schema import InputError
 from tests.test_whatif import native80, native_whatif  # noqa: F401 (fixtures: a what-if)
 
@@ -316,9 +317,18 @@ def test_a_non_run_directory_gives_a_clear_input_error(tmp_path: Path) -> None:
         data.load_audit([tmp_path])
     good, errors = data.check_paths([LIVE, tmp_path, tmp_path / "missing"])
     assert good == [str(LIVE)]
-    assert errors == [f"{tmp_path}: not a run directory (no manifest.json or events-*.arrows) "
-                      "and contains none", f"{tmp_path / 'missing'}: no such file or directory"]
+    assert errors == [f"{tmp_path}: not a run directory (no manifest.json or events-*.arrows), "
+                      "contains none and is no fleet dataset (no events/ and manifests/)",
+                      f"{tmp_path / 'missing'}: no such file or directory"]
 
+
+
+def test_a_fleet_dataset_shows_the_same_claims_as_its_run_directory(tmp_path: Path) -> None:
+    dataset = tmp_path / "dataset"
+    fleet.audit_runs(fleet.find_fleet_runs([LIVE]), dataset)
+    assert data.check_paths([dataset]) == ([str(dataset)], [])
+    shown = data.load_audit([dataset]).views["claim_outcomes"]
+    assert shown.equals(data.load_audit([LIVE]).views["claim_outcomes"]) and len(shown) > 0
 
 def test_a_corrupt_segment_gives_a_clear_input_error_naming_the_file(tmp_path: Path) -> None:
     bad = _corrupt_copy(LIVE, tmp_path / "live")
