@@ -67,7 +67,8 @@ STAGES: Final[tuple[str, ...]] = (
 #   kv_copies           copy overwritten without an eviction: run_id, block_id, block_hash,
 #                       start_seq, end_seq, end_kind ('overwritten')
 #   kv_admission_state  admission decision or preemption: run_id, seq, request_id,
-#                       protected_blocks, protected_claim_seqs, cached_blocks,
+#                       protected_blocks, protected_claim_seqs, protected_claim_ids
+#                       (their claim ids, distinct, sorted), cached_blocks,
 #                       evictable_blocks, held_blocks, live_blocks (held, not protected:
 #                       the active live KV of seed 000)
 

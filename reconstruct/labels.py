@@ -922,6 +922,31 @@ def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarra
 #: and coding the input (``input``), the compiled loop (``loop``), the whole of each window
 #: with its outputs as Arrow (``window``, includes ``loop``), handing outputs to DuckDB
 #: (``insert``).
+@numba.njit(cache=True)
+def distinct_sorted(vals: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment ``vals[off[j]:off[j + 1]]``: its distinct values, ascending; returns the
+    concatenated values and their segment offsets (``len(off)`` of them)."""
+    out = np.empty(vals.shape[0], dtype=vals.dtype)
+    oo = np.zeros(off.shape[0], dtype=np.int32)
+    n = 0
+    for j in range(off.shape[0] - 1):
+        seg = np.sort(vals[off[j]:off[j + 1]])
+        for x in range(seg.shape[0]):
+            if x == 0 or seg[x] != seg[x - 1]:
+                out[n] = seg[x]
+                n += 1
+        oo[j + 1] = n
+    return out[:n], oo
+
+
+def pinned_in_force(pin_from: np.ndarray, pin_to: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """Whether a pinning claim instance is in force at each of ``seqs``: more acceptances than
+    releases at or before it (``pin_from`` / ``pin_to``, sorted). An acceptance or release at
+    a loss's own seq counts before the loss (INV_no_protected_loss, 08_conformance.sql)."""
+    return (np.searchsorted(pin_from, seqs, side="right")
+            - np.searchsorted(pin_to, seqs, side="right")) > 0
+
+
 TIMINGS: dict[str, float] = {"input": 0.0, "loop": 0.0, "window": 0.0, "insert": 0.0}
 
 
@@ -967,7 +992,7 @@ DDL: Final[tuple[str, ...]] = (
         cause VARCHAR, by_request_id VARCHAR, label VARCHAR, claim_ids VARCHAR[],
         decided_by_seq BIGINT, decided_by_claim_id VARCHAR, claim_seq BIGINT,
         was_resident BOOLEAN, synthetic BOOLEAN, step BIGINT, repaired_in_step BOOLEAN,
-        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN)""",
+        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN, pinned_in_force BOOLEAN)""",
     """CREATE OR REPLACE TEMP TABLE kv_loss_pairs (
         run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
         claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
@@ -987,8 +1012,8 @@ DDL: Final[tuple[str, ...]] = (
         run_id VARCHAR, seq BIGINT, claim_seq BIGINT, freed_blocks BIGINT)""",
     """CREATE OR REPLACE TEMP TABLE kv_admission_state (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR, protected_blocks BIGINT,
-        protected_claim_seqs BIGINT[], cached_blocks BIGINT, evictable_blocks BIGINT,
-        held_blocks BIGINT, live_blocks BIGINT)""",
+        protected_claim_seqs BIGINT[], protected_claim_ids VARCHAR[], cached_blocks BIGINT,
+        evictable_blocks BIGINT, held_blocks BIGINT, live_blocks BIGINT)""",
     """CREATE OR REPLACE TEMP TABLE kv_protected_hits (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR)""",
 )
@@ -997,7 +1022,8 @@ _FACTS_SQL: Final[str] = """
 SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
        f.submitted_seq IS NOT NULL AS submitted, coalesce(f.accepted_seq, -1) AS acc,
        coalesce(f.release_seq, -1) AS rel, f.release_event,
-       coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq
+       coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq,
+       coalesce(f.pinned_mode, false) AS pinned
 FROM kv_claim_facts f
 LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
 WHERE f.run_id = $rid ORDER BY f.claim_seq
@@ -1044,6 +1070,8 @@ class _Run:
         ni = len(self.fseq)
         ids = sorted(set(facts.column("claim_id").to_pylist()))
         self.code = {c: i for i, c in enumerate(ids)}
+        # NOTE: sorted as DuckDB orders VARCHAR (code points: UTF-8's byte order)
+        self.ids = pa.array(ids, pa.string())
         self.rank = np.array([self.code[c] for c in facts.column("claim_id").to_pylist()],
                              dtype=np.int64)
         self.cur = np.full(max(1, len(ids)), -1, dtype=np.int64)
@@ -1064,6 +1092,12 @@ class _Run:
         self.prev_live = np.where((pl >= 0) & (pj < ni)
                                   & (self.fseq[np.minimum(pj, max(ni - 1, 0))] == pl)
                                   if ni else np.zeros(0, bool), pj, -1).astype(np.int64)
+        # the pinning instances' acceptances and releases (a release only after its
+        # acceptance), sorted: how many pin at seq s is (#acceptances <= s) - (#releases <= s)
+        pinned = (facts.column("pinned").to_numpy(zero_copy_only=False).astype(bool)
+                  & (self.acc >= 0))
+        self.pin_from = np.sort(self.acc[pinned])
+        self.pin_to = np.sort(self.rel[pinned & (self.rel > self.acc)])
         self.relkind = np.array(
             [REL_EXPIRY if r == "claim_expired" else (REL_RELAXATION if r else REL_NONE)
              for r in facts.column("release_event").to_pylist()], dtype=np.int64)
@@ -1344,6 +1378,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         "reported_hash": _opt(L[:, L_REP].view(np.uint64), L[:, L_REP_OK] == 1, pa.uint64()),
         "held_hash": _opt(L[:, L_HELD].view(np.uint64), L[:, L_HELD_OK] == 1, pa.uint64()),
         "bound": pa.array(L[:, L_P1] > L[:, L_P0]),
+        "pinned_in_force": pa.array(pinned_in_force(run.pin_from, run.pin_to, L[:, L_SEQ])),
     })
     sink.add("kv_losses", losses)
     if npair:
@@ -1409,6 +1444,9 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     if A.shape[0]:
         loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
         loff -= loff[0]
+        # the claim ids of those instances, distinct and in order (sorted ids: rank order)
+        id_codes, id_off = distinct_sorted(run.rank[AL] if AL.size else np.zeros(0, np.int64),
+                                           loff)
         sink.add("kv_admission_state", pa.table({
             "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
@@ -1416,6 +1454,8 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "protected_blocks": pa.array(A[:, A_PROT]),
             "protected_claim_seqs": pa.ListArray.from_arrays(
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
+            "protected_claim_ids": pa.ListArray.from_arrays(
+                pa.array(id_off), run.ids.take(pa.array(id_codes))),
             "cached_blocks": pa.array(A[:, A_CACHED]),
             "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
             "held_blocks": pa.array(A[:, A_HELD]),

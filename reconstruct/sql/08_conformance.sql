@@ -221,23 +221,11 @@ WITH fk AS (
       -- NOTE: 0 reported and 0 rebuilt compares nothing: no vacuous pass
       AND (num_cached_tokens > 0 OR reconstructed_cached_tokens > 0)
     GROUP BY run_id
-), pinned_events AS (
-    -- INV_no_protected_loss's situation, linear: the losses and the pinning instances'
-    -- acceptances (+1) and releases (-1) in seq order; a loss with a running count > 0
-    -- happened while a pinning claim was in force
-    SELECT run_id, seq, is_loss,
-           sum(delta) OVER (PARTITION BY run_id ORDER BY seq, is_loss
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS in_force
-    FROM (SELECT run_id, seq, true AS is_loss, 0 AS delta FROM losses
-          UNION ALL
-          SELECT run_id, accepted_seq, false, 1 FROM c
-          WHERE c.pinned_mode AND c.accepted_seq IS NOT NULL
-          UNION ALL
-          SELECT run_id, release_seq, false, -1 FROM c
-          WHERE c.pinned_mode AND c.accepted_seq IS NOT NULL AND c.release_seq IS NOT NULL
-            AND c.release_seq > c.accepted_seq)
 ), pinned_losses AS (
-    SELECT run_id, count(*) AS n FROM pinned_events WHERE is_loss AND in_force > 0
+    -- INV_no_protected_loss's situation: the losses that happened while a pinning instance
+    -- was in force (accepted at or before the loss, not released at or before it: the pass
+    -- counts acceptances and releases in seq order, labels.pinned_in_force)
+    SELECT run_id, count(*) AS n FROM kv_losses WHERE pinned_in_force
     GROUP BY run_id
 ), chunked AS (
     -- L_chunking: each admitted request whose allocations span more than one scheduler step
