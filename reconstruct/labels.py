@@ -992,7 +992,8 @@ DDL: Final[tuple[str, ...]] = (
         cause VARCHAR, by_request_id VARCHAR, label VARCHAR, claim_ids VARCHAR[],
         decided_by_seq BIGINT, decided_by_claim_id VARCHAR, claim_seq BIGINT,
         was_resident BOOLEAN, synthetic BOOLEAN, step BIGINT, repaired_in_step BOOLEAN,
-        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN, pinned_in_force BOOLEAN)""",
+        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN, pinned_in_force BOOLEAN,
+        covered BOOLEAN, covered_harm BOOLEAN)""",
     """CREATE OR REPLACE TEMP TABLE kv_loss_pairs (
         run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
         claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
@@ -1355,12 +1356,21 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     dinst = L[:, L_DINST]
     has_d = dinst >= 0
     step_arr = _opt(L[:, L_STEP], L[:, L_STEP_OK] == 1, pa.int64())
+    # L1 (08_conformance.sql): a loss is covered when a bound instance was accepted before it;
+    # covered_harm when one of those labels it harm. NOTE: conformance matched losses and
+    # their pairs on (seq, block_id): a loss without a block id is never covered.
+    loss_bid_ok = bok[rows] | ~real if nl else np.zeros(0, bool)
+    pacc = run.acc[P[:, P_INST]]
+    pcov = (pacc >= 0) & (pacc < P[:, P_SEQ])
+    covered = np.zeros(nl, dtype=bool)
+    covered[P[pcov, P_LOSS]] = True
+    covered_harm = np.zeros(nl, dtype=bool)
+    covered_harm[P[pcov & (P[:, P_LABEL] == HARM), P_LOSS]] = True
     losses = pa.table({
         "run_id": _const(rid, nl),
         "seq": pa.array(L[:, L_SEQ]),
         "ts_ns": loss_ts,
-        "block_id": _opt(L[:, L_BID], bok[rows] | ~real if nl else np.zeros(0, bool),
-                         pa.int32()),
+        "block_id": _opt(L[:, L_BID], loss_bid_ok, pa.int32()),
         "block_hash": block_hash,
         "cause": cause,
         "by_request_id": by_req,
@@ -1379,6 +1389,8 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         "held_hash": _opt(L[:, L_HELD].view(np.uint64), L[:, L_HELD_OK] == 1, pa.uint64()),
         "bound": pa.array(L[:, L_P1] > L[:, L_P0]),
         "pinned_in_force": pa.array(pinned_in_force(run.pin_from, run.pin_to, L[:, L_SEQ])),
+        "covered": pa.array(covered & loss_bid_ok),
+        "covered_harm": pa.array(covered_harm & loss_bid_ok),
     })
     sink.add("kv_losses", losses)
     if npair:

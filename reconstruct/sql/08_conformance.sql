@@ -85,21 +85,15 @@ WITH fk AS (
     FROM fails f JOIN fk k ON k.kind = f.kind
 ), c AS (
     SELECT * FROM kv_claim_facts
-), covered AS (
-    -- each loss with a claim accepted before it (harm: with such a claim labelling it harm)
-    SELECT run_id, seq, block_id, bool_or(label = {label.harm}) AS harm
-    FROM loss_claims
-    WHERE accepted_seq < seq
-    GROUP BY run_id, seq, block_id
 ), uncovered_losses AS (
     -- L1: the losses not covered by any claim accepted before them (uncovered), and those
     -- labelled harm that no claim accepted before them labels harm
-    -- NOTE: one equality join of the losses with `covered`, not a NOT EXISTS per loss
-    SELECT l.run_id, l.seq, x.seq IS NULL AS uncovered,
-           l.label = {label.harm} AND NOT coalesce(x.harm, false) AS uncovered_harm
-    FROM losses l
-    LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
-    WHERE x.seq IS NULL OR (l.label = {label.harm} AND NOT coalesce(x.harm, false))
+    -- NOTE: the labelling pass marks each loss (kv_losses.covered / covered_harm) from its
+    -- bound instances: no grouping of loss_claims, no join with the losses
+    SELECT run_id, seq, NOT covered AS uncovered,
+           label = {label.harm} AND NOT covered_harm AS uncovered_harm
+    FROM kv_losses
+    WHERE NOT covered OR (label = {label.harm} AND NOT covered_harm)
 ), first_uncovered AS (
     -- the 10 smallest seqs of each run's uncovered losses, ascending
     -- NOTE: row_number() filtered in WHERE: DuckDB runs it as a top-N, Spark can run it too
