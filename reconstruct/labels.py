@@ -7,13 +7,15 @@ per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled wi
 applies every event and emits:
 
 - ``kv_losses`` / ``losses``: one row per block loss (every ``block_evicted`` and one synthetic
-  row per block holding content at a ``cache_reset``) with its label;
+  row per block holding content at a ``cache_reset``) with its label, and what conformance
+  reads of it (``covered``, ``covered_harm``, ``pinned_in_force``);
 - ``loss_claims``: one row per (loss, claim instance with a current binding to the lost hash);
 - ``kv_materialized``: when each instance's predicate first held while it was in force;
 - ``kv_pred``: the intervals ``[from_seq, to_seq)`` where an instance's predicate holds
   (per event, not per step);
 - ``kv_copies``: copies of content overwritten without an eviction (finding block_overwritten);
-- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption;
+- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption,
+  with the protecting instances and their claim ids;
 - ``kv_protected_hits``: every ``block_hit`` on content an in-force residency claim binds.
 
 The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
@@ -1348,8 +1350,8 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     hash_ok = L[:, L_HASH_OK] == 1
     block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
     pair_inst = P[:, P_INST]
-    claim_str = (run.fclaim.take(pa.array(pair_inst)).cast(pa.string()) if npair
-                 else pa.array([], pa.string()))
+    # NOTE: the ids stay dictionary-encoded inside the list: DuckDB decodes them on insert
+    claim_str = run.fclaim.take(pa.array(pair_inst)) if npair else pa.array([], pa.string())
     offsets = np.append(L[:, L_P0], L[-1, L_P1] if nl else 0).astype(np.int32)
     if nl:
         offsets -= offsets[0]
@@ -1467,7 +1469,8 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "protected_claim_seqs": pa.ListArray.from_arrays(
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
             "protected_claim_ids": pa.ListArray.from_arrays(
-                pa.array(id_off), run.ids.take(pa.array(id_codes))),
+                pa.array(id_off), pa.DictionaryArray.from_arrays(
+                    pa.array(id_codes.astype(np.int32)), run.ids)),
             "cached_blocks": pa.array(A[:, A_CACHED]),
             "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
             "held_blocks": pa.array(A[:, A_HELD]),
