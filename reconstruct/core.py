@@ -58,7 +58,9 @@ STAGES: Final[tuple[str, ...]] = (
 #   kv_losses           block loss: run_id, seq, ts_ns, block_id, block_hash, cause,
 #                       by_request_id, label, claim_ids, decided_by_seq, decided_by_claim_id,
 #                       claim_seq (of the deciding instance), was_resident, synthetic, step,
-#                       repaired_in_step, reported_hash, held_hash, bound
+#                       repaired_in_step, reported_hash, held_hash, bound, pinned_in_force
+#                       (a pinning instance in force), covered / covered_harm (a bound
+#                       instance accepted before it; one labelling it harm)
 #   kv_loss_pairs       (loss, bound claim instance): seq, claim_seq, position, label,
 #                       decided_by_seq, predicate_before, predicate_after, broken_seq, step, ...
 #   kv_pred             interval where an instance's predicate holds: run_id, claim_id,
@@ -67,7 +69,8 @@ STAGES: Final[tuple[str, ...]] = (
 #   kv_copies           copy overwritten without an eviction: run_id, block_id, block_hash,
 #                       start_seq, end_seq, end_kind ('overwritten')
 #   kv_admission_state  admission decision or preemption: run_id, seq, request_id,
-#                       protected_blocks, protected_claim_seqs, cached_blocks,
+#                       protected_blocks, protected_claim_seqs, protected_claim_ids
+#                       (their claim ids, distinct, sorted), cached_blocks,
 #                       evictable_blocks, held_blocks, live_blocks (held, not protected:
 #                       the active live KV of seed 000)
 

@@ -7,13 +7,15 @@ per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled wi
 applies every event and emits:
 
 - ``kv_losses`` / ``losses``: one row per block loss (every ``block_evicted`` and one synthetic
-  row per block holding content at a ``cache_reset``) with its label;
+  row per block holding content at a ``cache_reset``) with its label, and what conformance
+  reads of it (``covered``, ``covered_harm``, ``pinned_in_force``);
 - ``loss_claims``: one row per (loss, claim instance with a current binding to the lost hash);
 - ``kv_materialized``: when each instance's predicate first held while it was in force;
 - ``kv_pred``: the intervals ``[from_seq, to_seq)`` where an instance's predicate holds
   (per event, not per step);
 - ``kv_copies``: copies of content overwritten without an eviction (finding block_overwritten);
-- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption;
+- ``kv_admission_state``: a snapshot of the pool at every admission decision / preemption,
+  with the protecting instances and their claim ids;
 - ``kv_protected_hits``: every ``block_hit`` on content an in-force residency claim binds.
 
 The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
@@ -922,6 +924,31 @@ def _instances(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, cur: np.ndarra
 #: and coding the input (``input``), the compiled loop (``loop``), the whole of each window
 #: with its outputs as Arrow (``window``, includes ``loop``), handing outputs to DuckDB
 #: (``insert``).
+@numba.njit(cache=True)
+def distinct_sorted(vals: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment ``vals[off[j]:off[j + 1]]``: its distinct values, ascending; returns the
+    concatenated values and their segment offsets (``len(off)`` of them)."""
+    out = np.empty(vals.shape[0], dtype=vals.dtype)
+    oo = np.zeros(off.shape[0], dtype=np.int32)
+    n = 0
+    for j in range(off.shape[0] - 1):
+        seg = np.sort(vals[off[j]:off[j + 1]])
+        for x in range(seg.shape[0]):
+            if x == 0 or seg[x] != seg[x - 1]:
+                out[n] = seg[x]
+                n += 1
+        oo[j + 1] = n
+    return out[:n], oo
+
+
+def pinned_in_force(pin_from: np.ndarray, pin_to: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """Whether a pinning claim instance is in force at each of ``seqs``: more acceptances than
+    releases at or before it (``pin_from`` / ``pin_to``, sorted). An acceptance or release at
+    a loss's own seq counts before the loss (INV_no_protected_loss, 08_conformance.sql)."""
+    return (np.searchsorted(pin_from, seqs, side="right")
+            - np.searchsorted(pin_to, seqs, side="right")) > 0
+
+
 TIMINGS: dict[str, float] = {"input": 0.0, "loop": 0.0, "window": 0.0, "insert": 0.0}
 
 
@@ -967,7 +994,8 @@ DDL: Final[tuple[str, ...]] = (
         cause VARCHAR, by_request_id VARCHAR, label VARCHAR, claim_ids VARCHAR[],
         decided_by_seq BIGINT, decided_by_claim_id VARCHAR, claim_seq BIGINT,
         was_resident BOOLEAN, synthetic BOOLEAN, step BIGINT, repaired_in_step BOOLEAN,
-        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN)""",
+        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN, pinned_in_force BOOLEAN,
+        covered BOOLEAN, covered_harm BOOLEAN)""",
     """CREATE OR REPLACE TEMP TABLE kv_loss_pairs (
         run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
         claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
@@ -987,8 +1015,8 @@ DDL: Final[tuple[str, ...]] = (
         run_id VARCHAR, seq BIGINT, claim_seq BIGINT, freed_blocks BIGINT)""",
     """CREATE OR REPLACE TEMP TABLE kv_admission_state (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR, protected_blocks BIGINT,
-        protected_claim_seqs BIGINT[], cached_blocks BIGINT, evictable_blocks BIGINT,
-        held_blocks BIGINT, live_blocks BIGINT)""",
+        protected_claim_seqs BIGINT[], protected_claim_ids VARCHAR[], cached_blocks BIGINT,
+        evictable_blocks BIGINT, held_blocks BIGINT, live_blocks BIGINT)""",
     """CREATE OR REPLACE TEMP TABLE kv_protected_hits (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR)""",
 )
@@ -997,7 +1025,8 @@ _FACTS_SQL: Final[str] = """
 SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
        f.submitted_seq IS NOT NULL AS submitted, coalesce(f.accepted_seq, -1) AS acc,
        coalesce(f.release_seq, -1) AS rel, f.release_event,
-       coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq
+       coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq,
+       coalesce(f.pinned_mode, false) AS pinned
 FROM kv_claim_facts f
 LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
 WHERE f.run_id = $rid ORDER BY f.claim_seq
@@ -1044,6 +1073,8 @@ class _Run:
         ni = len(self.fseq)
         ids = sorted(set(facts.column("claim_id").to_pylist()))
         self.code = {c: i for i, c in enumerate(ids)}
+        # NOTE: sorted as DuckDB orders VARCHAR (code points: UTF-8's byte order)
+        self.ids = pa.array(ids, pa.string())
         self.rank = np.array([self.code[c] for c in facts.column("claim_id").to_pylist()],
                              dtype=np.int64)
         self.cur = np.full(max(1, len(ids)), -1, dtype=np.int64)
@@ -1064,6 +1095,12 @@ class _Run:
         self.prev_live = np.where((pl >= 0) & (pj < ni)
                                   & (self.fseq[np.minimum(pj, max(ni - 1, 0))] == pl)
                                   if ni else np.zeros(0, bool), pj, -1).astype(np.int64)
+        # the pinning instances' acceptances and releases (a release only after its
+        # acceptance), sorted: how many pin at seq s is (#acceptances <= s) - (#releases <= s)
+        pinned = (facts.column("pinned").to_numpy(zero_copy_only=False).astype(bool)
+                  & (self.acc >= 0))
+        self.pin_from = np.sort(self.acc[pinned])
+        self.pin_to = np.sort(self.rel[pinned & (self.rel > self.acc)])
         self.relkind = np.array(
             [REL_EXPIRY if r == "claim_expired" else (REL_RELAXATION if r else REL_NONE)
              for r in facts.column("release_event").to_pylist()], dtype=np.int64)
@@ -1313,20 +1350,29 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     hash_ok = L[:, L_HASH_OK] == 1
     block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
     pair_inst = P[:, P_INST]
-    claim_str = (run.fclaim.take(pa.array(pair_inst)).cast(pa.string()) if npair
-                 else pa.array([], pa.string()))
+    # NOTE: the ids stay dictionary-encoded inside the list: DuckDB decodes them on insert
+    claim_str = run.fclaim.take(pa.array(pair_inst)) if npair else pa.array([], pa.string())
     offsets = np.append(L[:, L_P0], L[-1, L_P1] if nl else 0).astype(np.int32)
     if nl:
         offsets -= offsets[0]
     dinst = L[:, L_DINST]
     has_d = dinst >= 0
     step_arr = _opt(L[:, L_STEP], L[:, L_STEP_OK] == 1, pa.int64())
+    # L1 (08_conformance.sql): a loss is covered when a bound instance was accepted before it;
+    # covered_harm when one of those labels it harm. NOTE: conformance matched losses and
+    # their pairs on (seq, block_id): a loss without a block id is never covered.
+    loss_bid_ok = bok[rows] | ~real if nl else np.zeros(0, bool)
+    pacc = run.acc[P[:, P_INST]]
+    pcov = (pacc >= 0) & (pacc < P[:, P_SEQ])
+    covered = np.zeros(nl, dtype=bool)
+    covered[P[pcov, P_LOSS]] = True
+    covered_harm = np.zeros(nl, dtype=bool)
+    covered_harm[P[pcov & (P[:, P_LABEL] == HARM), P_LOSS]] = True
     losses = pa.table({
         "run_id": _const(rid, nl),
         "seq": pa.array(L[:, L_SEQ]),
         "ts_ns": loss_ts,
-        "block_id": _opt(L[:, L_BID], bok[rows] | ~real if nl else np.zeros(0, bool),
-                         pa.int32()),
+        "block_id": _opt(L[:, L_BID], loss_bid_ok, pa.int32()),
         "block_hash": block_hash,
         "cause": cause,
         "by_request_id": by_req,
@@ -1344,6 +1390,9 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         "reported_hash": _opt(L[:, L_REP].view(np.uint64), L[:, L_REP_OK] == 1, pa.uint64()),
         "held_hash": _opt(L[:, L_HELD].view(np.uint64), L[:, L_HELD_OK] == 1, pa.uint64()),
         "bound": pa.array(L[:, L_P1] > L[:, L_P0]),
+        "pinned_in_force": pa.array(pinned_in_force(run.pin_from, run.pin_to, L[:, L_SEQ])),
+        "covered": pa.array(covered & loss_bid_ok),
+        "covered_harm": pa.array(covered_harm & loss_bid_ok),
     })
     sink.add("kv_losses", losses)
     if npair:
@@ -1409,6 +1458,9 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     if A.shape[0]:
         loff = np.append(A[:, A_L0], A[-1, A_L1]).astype(np.int32)
         loff -= loff[0]
+        # the claim ids of those instances, distinct and in order (sorted ids: rank order)
+        id_codes, id_off = distinct_sorted(run.rank[AL] if AL.size else np.zeros(0, np.int64),
+                                           loff)
         sink.add("kv_admission_state", pa.table({
             "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
@@ -1416,6 +1468,9 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "protected_blocks": pa.array(A[:, A_PROT]),
             "protected_claim_seqs": pa.ListArray.from_arrays(
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
+            "protected_claim_ids": pa.ListArray.from_arrays(
+                pa.array(id_off), pa.DictionaryArray.from_arrays(
+                    pa.array(id_codes.astype(np.int32)), run.ids)),
             "cached_blocks": pa.array(A[:, A_CACHED]),
             "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
             "held_blocks": pa.array(A[:, A_HELD]),

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from kvclaims.reconstruct import core, loader
+from kvclaims.reconstruct import core, labels, loader
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -184,3 +185,26 @@ def test_twin_an_instance_released_before_the_decision_is_never_listed(tmp_path:
         JOIN claims c ON c.run_id = a.run_id AND c.claim_seq = u.cs
         WHERE c.release_seq IS NOT NULL AND c.release_seq < a.seq""")[0][0]
     assert released > 0 and listed_after_release == 0
+
+
+# -- 6. per-loss and per-decision facts the pass hands to the SQL stages ------------------------
+
+def test_pinning_acceptance_at_the_losss_own_seq_is_in_force() -> None:
+    # accepted at 5, released at 9: in force at 5..8 (an acceptance at the loss's seq counts)
+    got = labels.pinned_in_force(np.array([5]), np.array([9]), np.array([4, 5, 8]))
+    assert got.tolist() == [False, True, True]
+
+
+def test_twin_release_at_the_losss_own_seq_ends_the_force() -> None:
+    got = labels.pinned_in_force(np.array([5]), np.array([9]), np.array([9, 10]))
+    assert got.tolist() == [False, False]
+
+
+def test_protected_claim_ids_list_each_claim_once_in_order() -> None:
+    vals, off = labels.distinct_sorted(np.array([3, 1, 3, 2, 7, 7]), np.array([0, 4, 6]))
+    assert vals.tolist() == [1, 2, 3, 7] and off.tolist() == [0, 3, 4]
+
+
+def test_twin_a_decision_without_protecting_instances_lists_none() -> None:
+    vals, off = labels.distinct_sorted(np.array([4, 4]), np.array([0, 0, 2, 2]))
+    assert vals.tolist() == [4] and off.tolist() == [0, 0, 1, 1]

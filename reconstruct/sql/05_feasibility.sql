@@ -196,6 +196,9 @@ WITH prompt AS (
            d.blocks_required AS runtime_required_blocks,
            d.shortfall_blocks AS runtime_shortfall_blocks,
            s.protected_claim_seqs,
+           -- the claim ids of the instances protecting blocks (the rebuilt blockers), distinct
+           -- and sorted by the pass
+           coalesce(s.protected_claim_ids, []::VARCHAR[]) AS protected_claim_ids,
            d.free_blocks, d.blocking_claim_ids, r.policy, r.enforcing
     FROM kv_decisions d
     JOIN kv_runs r ON r.run_id = d.run_id
@@ -205,19 +208,12 @@ WITH prompt AS (
     LEFT JOIN kv_admission_allocs a
       ON a.run_id = d.run_id AND a.request_id = d.request_id AND a.adm_seq = d.seq
     LEFT JOIN later l ON l.run_id = d.run_id AND l.seq = d.seq
-), ids AS (
-    -- the claim ids of the instances protecting blocks at each decision (the rebuilt blockers)
-    SELECT f.run_id, f.seq, list(DISTINCT c.claim_id ORDER BY c.claim_id) AS ids
-    FROM (SELECT run_id, seq, unnest(protected_claim_seqs) AS claim_seq FROM f) f
-    JOIN kv_claim_facts c ON c.run_id = f.run_id AND c.claim_seq = f.claim_seq
-    GROUP BY f.run_id, f.seq
 ), g AS (
     SELECT f.*, live_blocks + required_blocks AS active_live_blocks,
            protected_blocks + live_blocks + required_blocks AS demand_blocks,
            runtime_protected_blocks + runtime_required_blocks <= usable_blocks
-               AS runtime_feasible,
-           coalesce(i.ids, []::VARCHAR[]) AS protected_claim_ids
-    FROM f LEFT JOIN ids i ON i.run_id = f.run_id AND i.seq = f.seq
+               AS runtime_feasible
+    FROM f
 )
 SELECT run_id, seq, ts_ns, step, request_id, event, replace(event, 'request_', '') AS decision,
        usable_blocks,

@@ -85,21 +85,15 @@ WITH fk AS (
     FROM fails f JOIN fk k ON k.kind = f.kind
 ), c AS (
     SELECT * FROM kv_claim_facts
-), covered AS (
-    -- each loss with a claim accepted before it (harm: with such a claim labelling it harm)
-    SELECT run_id, seq, block_id, bool_or(label = {label.harm}) AS harm
-    FROM loss_claims
-    WHERE accepted_seq < seq
-    GROUP BY run_id, seq, block_id
 ), uncovered_losses AS (
     -- L1: the losses not covered by any claim accepted before them (uncovered), and those
     -- labelled harm that no claim accepted before them labels harm
-    -- NOTE: one equality join of the losses with `covered`, not a NOT EXISTS per loss
-    SELECT l.run_id, l.seq, x.seq IS NULL AS uncovered,
-           l.label = {label.harm} AND NOT coalesce(x.harm, false) AS uncovered_harm
-    FROM losses l
-    LEFT JOIN covered x ON x.run_id = l.run_id AND x.seq = l.seq AND x.block_id = l.block_id
-    WHERE x.seq IS NULL OR (l.label = {label.harm} AND NOT coalesce(x.harm, false))
+    -- NOTE: the labelling pass marks each loss (kv_losses.covered / covered_harm) from its
+    -- bound instances: no grouping of loss_claims, no join with the losses
+    SELECT run_id, seq, NOT covered AS uncovered,
+           label = {label.harm} AND NOT covered_harm AS uncovered_harm
+    FROM kv_losses
+    WHERE NOT covered OR (label = {label.harm} AND NOT covered_harm)
 ), first_uncovered AS (
     -- the 10 smallest seqs of each run's uncovered losses, ascending
     -- NOTE: row_number() filtered in WHERE: DuckDB runs it as a top-N, Spark can run it too
@@ -221,23 +215,11 @@ WITH fk AS (
       -- NOTE: 0 reported and 0 rebuilt compares nothing: no vacuous pass
       AND (num_cached_tokens > 0 OR reconstructed_cached_tokens > 0)
     GROUP BY run_id
-), pinned_events AS (
-    -- INV_no_protected_loss's situation, linear: the losses and the pinning instances'
-    -- acceptances (+1) and releases (-1) in seq order; a loss with a running count > 0
-    -- happened while a pinning claim was in force
-    SELECT run_id, seq, is_loss,
-           sum(delta) OVER (PARTITION BY run_id ORDER BY seq, is_loss
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS in_force
-    FROM (SELECT run_id, seq, true AS is_loss, 0 AS delta FROM losses
-          UNION ALL
-          SELECT run_id, accepted_seq, false, 1 FROM c
-          WHERE c.pinned_mode AND c.accepted_seq IS NOT NULL
-          UNION ALL
-          SELECT run_id, release_seq, false, -1 FROM c
-          WHERE c.pinned_mode AND c.accepted_seq IS NOT NULL AND c.release_seq IS NOT NULL
-            AND c.release_seq > c.accepted_seq)
 ), pinned_losses AS (
-    SELECT run_id, count(*) AS n FROM pinned_events WHERE is_loss AND in_force > 0
+    -- INV_no_protected_loss's situation: the losses that happened while a pinning instance
+    -- was in force (accepted at or before the loss, not released at or before it: the pass
+    -- counts acceptances and releases in seq order, labels.pinned_in_force)
+    SELECT run_id, count(*) AS n FROM kv_losses WHERE pinned_in_force
     GROUP BY run_id
 ), chunked AS (
     -- L_chunking: each admitted request whose allocations span more than one scheduler step
