@@ -99,8 +99,9 @@ class Pages:
     #: computed what-ifs: replays among the runs and under ``load_audit``'s ``whatif`` paths
     replays: tuple[Replay, ...] = field(default_factory=tuple)
     _explained: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    #: the replays of the audited runs, opened once for every tenant explained (``explanation``)
-    _replay_facts: ReplayFacts | None = field(default=None, repr=False, compare=False)
+    #: the replays of the audited runs, opened once for every tenant explained (``explanation``):
+    #: empty until then, then that one ``ReplayFacts`` (a list: the dataclass is frozen)
+    _replay_facts: list[ReplayFacts] = field(default_factory=list, repr=False, compare=False)
     _compared: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     _seq_utc: dict[str, pd.Series] = field(default_factory=dict, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -804,11 +805,11 @@ def explanation(source: Source, tenant: str) -> Any:
     a = _audit(source)
     with a._lock:
         if tenant not in a._explained:
-            if a._replay_facts is None:
+            if not a._replay_facts:
                 audited = set(a.run_ids)
-                a._replay_facts = ReplayFacts([r for r in a.replays
-                                               if r.source_run_id in audited])
-            a._explained[tenant] = explain(a.facade, tenant, replay_facts=a._replay_facts)
+                a._replay_facts.append(ReplayFacts([r for r in a.replays
+                                                    if r.source_run_id in audited]))
+            a._explained[tenant] = explain(a.facade, tenant, replay_facts=a._replay_facts[0])
         return a._explained[tenant]
 
 
