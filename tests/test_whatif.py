@@ -487,7 +487,7 @@ def test_a_request_citation_counts_the_cost_to_other_tenants_from_the_replay(
     native = [r for r in replays.find_replays([folder]) if r.point == "native@80"]
     with kvclaims.open([native[0].run_dir]) as a:
         (harmed,) = a.sql("SELECT count(*) FROM claims WHERE outcome = 'harmed' "
-                          "AND tenant IS DISTINCT FROM 'tenant-b'").fetchone()
+                          "AND tenant IS DISTINCT FROM 'tenant-b'").fetchall()[0]
     with kvclaims.open([run]) as a:
         (s,) = [x for x in explain(a, "tenant-b", whatifs=native).sections
                 if x.outcome == "refused"]
