@@ -66,7 +66,8 @@ _FATE_WORDS: Final[dict[str, str]] = {
     REQUEST_OUTCOME.deferred_then_served: "deferred this request, then served it",
     REQUEST_OUTCOME.refused: "refused this request",
     REQUEST_OUTCOME.preempted: "preempted this request",
-    REQUEST_OUTCOME.aborted: "saw this request aborted, as it was recorded",
+    REQUEST_OUTCOME.aborted: ("saw this request aborted (a replay aborts it where the recording "
+                              "did)"),
     REQUEST_OUTCOME.unknown: "left this request's outcome unknown (the replay's trace has a hole)",
 }
 #: What replaces a runtime-written text that names someone else's identifier.

@@ -94,10 +94,11 @@ def tenanted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A run in which tenants' own requests are deferred, refused and preempted, and a
     computed what-if of it (native at 80 blocks, hard_protected at 120, and hard_protected
     at 80 under a run id that names tenant-b's h-wait request, which tenant-c must never see):
-    (run dir, what-if folder). No shipped recording has such a request (their refused requests carry no
-    tenant), so the run is the multi-tenant workload driven through vLLM's Scheduler with the
-    recorder and arbiter (``kvclaims.whatif``) under its recorded policy and pool, with
-    h-wait and i-huge sent as tenant-b's and the j-long requests as tenant-c's (``kv_tenant``).
+    (run dir, what-if folder). No shipped recording has such a request (their refused
+    requests carry no tenant), so the run is the multi-tenant workload driven through vLLM's
+    Scheduler with the recorder and arbiter (``kvclaims.whatif``) under its recorded policy and
+    pool, with h-wait and i-huge sent as tenant-b's and the j-long requests as tenant-c's
+    (``kv_tenant``); it reproduces the recorded outcomes of every request.
     """
     out = tmp_path_factory.mktemp("tenanted")
     multi = whatif.read_workload(MULTI)
