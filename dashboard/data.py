@@ -37,7 +37,8 @@ from kvclaims.contract.schema import InputError
 from kvclaims.explaining import explain, tenants_by_harm
 from kvclaims.reconstruct.checks import CHECKS as _CHECK_TABLE
 from kvclaims.reconstruct.loader import open_runs
-from kvclaims.replays import SUMMARY_COLUMNS, TITLES, Replay, cell, compare, gather, replays_of
+from kvclaims.replays import (SUMMARY_COLUMNS, TITLES, Replay, ReplayFacts, cell, compare, gather,
+                              replays_of)
 
 PathLike: TypeAlias = "str | Path"
 
@@ -99,6 +100,9 @@ class Pages:
     #: computed what-ifs: replays among the runs and under ``load_audit``'s ``whatif`` paths
     replays: tuple[Replay, ...] = field(default_factory=tuple)
     _explained: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: the replays of the audited runs, opened once for every tenant explained (``explanation``):
+    #: empty until then, then that one ``ReplayFacts`` (a list: the dataclass is frozen)
+    _replay_facts: list[ReplayFacts] = field(default_factory=list, repr=False, compare=False)
     _compared: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     _seq_utc: dict[str, pd.Series] = field(default_factory=dict, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -797,14 +801,19 @@ def explanation(source: Source, tenant: str) -> Any:
     ``sections`` and ``to_html`` / ``to_markdown`` / ``to_text`` / ``to_json``.
 
     NOTE: built once per tenant and kept on the audit; the facade's DuckDB connection is
-    used by one session at a time (the audit's lock). Raises ``InputError`` for a tenant
-    the audit does not know.
+    used by one session at a time (the audit's lock). The replays the explanations cite are
+    opened once, on the first tenant, and kept open beside the facade (one audit of them per
+    page set, not one per tenant). Raises ``InputError`` for a tenant the audit does not know.
     """
 
     a = _audit(source)
     with a._lock:
         if tenant not in a._explained:
-            a._explained[tenant] = explain(a.facade, tenant, whatifs=a.replays)
+            if not a._replay_facts:
+                audited = set(a.run_ids)
+                a._replay_facts.append(ReplayFacts([r for r in a.replays
+                                                    if r.source_run_id in audited]))
+            a._explained[tenant] = explain(a.facade, tenant, replay_facts=a._replay_facts[0])
         return a._explained[tenant]
 
 

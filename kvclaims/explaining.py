@@ -5,8 +5,9 @@ the tenant: what was promised and whether the runtime could honour that mode (th
 verdict), the timeline (ISO 8601 UTC date-times and seq), why in capacity terms (the rebuilt
 figures of the ``feasibility`` table and the claim's own rows of ``claim_timeline``), the value
 lost, what would have prevented it, and - only where one was computed - what each replay of the
-run (``kvclaims whatif``, read through ``kvclaims.replays``) did with a harmed or demoted claim:
-nothing counterfactual is said otherwise. ``kvclaims explain`` and the dashboard's tenant page
+run (``kvclaims whatif``, read through ``kvclaims.replays``) did with a harmed or demoted claim
+or with a refused, deferred or preempted request, and at what cost to others (counted): nothing
+counterfactual is said otherwise. ``kvclaims explain`` and the dashboard's tenant page
 both render this one object (``to_text``, ``to_markdown``, ``to_html``, ``to_json``).
 docs/explain.md.
 
@@ -22,6 +23,7 @@ would itself show where the id was.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
@@ -34,7 +36,7 @@ from kvclaims.contract.vocabulary import CLAIM_OUTCOME, EVENT, LABEL, LABELS, MO
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
-from kvclaims.replays import Replay, ReplayFacts, request_counts
+from kvclaims.replays import Counts, Replay, ReplayFacts, RequestFate, counts
 
 #: A loss label in plain words, for someone who does not know our internals.
 LABEL_WORDS: Final[dict[str, str]] = {
@@ -54,6 +56,20 @@ WHATIF_HEADING: Final[str] = "What a computed replay shows"
 #: Said instead of a counterfactual when no replay of the run was computed.
 NO_WHATIF: Final[str] = ("No what-if of this run was computed (kvclaims whatif computes one: "
                          "docs/whatif.md).")
+#: How a request section's advice starts: it is arithmetic on the recorded figures, which a
+#: reader must not take for what a replay computed.
+RECORDED_ARITHMETIC: Final[str] = ("By the recorded figures at the decision (arithmetic on "
+                                   "them, not a replay), any of: ")
+#: What a replay did with a request, by its outcome there (``fate_words``).
+_FATE_WORDS: Final[dict[str, str]] = {
+    REQUEST_OUTCOME.served: "served this request",
+    REQUEST_OUTCOME.deferred_then_served: "deferred this request, then served it",
+    REQUEST_OUTCOME.refused: "refused this request",
+    REQUEST_OUTCOME.preempted: "preempted this request",
+    REQUEST_OUTCOME.aborted: ("saw this request aborted (a replay aborts it where the recording "
+                              "did)"),
+    REQUEST_OUTCOME.unknown: "left this request's outcome unknown (the replay's trace has a hole)",
+}
 #: What replaces a runtime-written text that names someone else's identifier.
 WITHHELD: Final[str] = "the runtime's text is withheld: it names another tenant's identifiers"
 _LABEL_ORDER: Final[dict[str, int]] = {label: i for i, label in enumerate(LABELS)}
@@ -360,14 +376,18 @@ def time_window(at: str | None = None, window: str | None = None, since: str | N
 def explain(audit: Any, tenant: str, claim: str | None = None,
             request: str | None = None,
             window: tuple[datetime, datetime] | None = None,
-            whatifs: Sequence[Replay] = ()) -> Explanation:
+            whatifs: Sequence[Replay] = (),
+            replay_facts: ReplayFacts | None = None) -> Explanation:
     """The explanation for ``tenant`` over every run of ``audit`` (``kvclaims.open``); only
     the claim ``claim`` / request ``request`` if given; only the sections with a moment in
     ``window`` (UTC, inclusive; see ``time_window``) if given.
 
     ``whatifs``: computed what-ifs (``kvclaims.replays.find_replays``). A harmed or demoted
-    claim of a run with replays among them cites what each replay did with it (counting,
-    never naming, other tenants' requests); without one, no counterfactual is said.
+    claim, or a refused, deferred or preempted request, of a run with replays among them cites
+    what each replay did with it and at what cost to others (counting, never naming, other
+    tenants' requests and claims); without one, no counterfactual is said.
+    ``replay_facts``: those replays already opened (``ReplayFacts``), cited instead of opening
+    ``whatifs`` again: a command explaining many tenants opens them once; the caller closes it.
 
     Raises ``InputError`` for an unknown tenant, or a claim or request that is not the
     tenant's (the message never says whose it is).
@@ -382,8 +402,9 @@ def explain(audit: Any, tenant: str, claim: str | None = None,
         raise InputError(f"request {request!r} is not a request of tenant {tenant!r}")
     sections: list[Section] = []
     own_runs = set(facts.runs())
-    with ReplayFacts([r for r in whatifs if r.source_run_id in own_runs]) as replays:
-        facts.replays = replays
+    with contextlib.ExitStack() as opened:
+        facts.replays = replay_facts if replay_facts is not None else opened.enter_context(
+            ReplayFacts([r for r in whatifs if r.source_run_id in own_runs]))
         if request is None:
             for row in facts.claim_rows(claim):
                 sections.append(facts.claim_section(row))
@@ -889,29 +910,28 @@ class _Facts:
             WHERE run_id = $r AND claim_id = $c
               AND ($i IS NULL OR {self.instance_col} <= $i)""", self._instance(c)).fetchone()
         nth = max(1, int(nth[0] or 0)) if c.get("instance_seq") is not None else 1
-        rec = request_counts(self.con, run_id, self.tenant)
+        rec = counts(self.con, run_id, self.tenant)
         out = []
         for r in self.replays.of(run_id):
             outcome = self.replays.claim_outcome(r, c["claim_id"], nth)
-            got = self.replays.request_counts(r, self.tenant)
             did = ("preserved this claim" if outcome == CLAIM_OUTCOME.preserved else
                    f"left this claim {outcome}" if outcome is not None else
                    "has no record of this claim (its request was not submitted there)")
-            name = r.run_id if self.safe_text(run_id, r.run_id) == r.run_id else \
-                "its run id withheld: it names another tenant's identifiers"
-            how = ("exact" if r.exact else
-                   f"approximate: {len(r.approximations)} thing(s) the recording did not pin "
-                   "down, listed in its manifest")
-            out.append(
-                f"A replay of this run under {r.policy} at {_n(r.usable_blocks)} usable blocks "
-                f"(computed {r.computed_utc or 'at an unknown time'}, run {name}; {how}) "
-                f"{did}. In it {got.others_refused} request(s) of other tenants were refused, "
-                f"{got.others_deferred} deferred and {got.others_preempted} preempted "
-                f"(recorded: {rec.others_refused}, {rec.others_deferred}, "
-                f"{rec.others_preempted}); {got.own_refused} of your own were refused and "
-                f"{got.own_deferred} deferred (recorded: {rec.own_refused}, "
-                f"{rec.own_deferred}).")
+            out.append(f"{self.replay_head(run_id, r)} {did}. "
+                       f"{cost_sentence(self.replays.counts(r, self.tenant), rec)}")
         return out
+
+    def replay_head(self, run_id: str, r: Replay) -> str:
+        """Which replay of run ``run_id`` a citation reads: its policy, pool, when it was
+        computed, its run id (withheld when it names someone else's identifier) and whether
+        it is exact (approximations counted, not quoted: they name requests)."""
+        name = r.run_id if self.safe_text(run_id, r.run_id) == r.run_id else \
+            "its run id withheld: it names another tenant's identifiers"
+        how = ("exact" if r.exact else
+               f"approximate: {len(r.approximations)} thing(s) the recording did not pin "
+               "down, listed in its manifest")
+        return (f"A replay of this run under {r.policy} at {_n(r.usable_blocks)} usable blocks "
+                f"(computed {r.computed_utc or 'at an unknown time'}, run {name}; {how})")
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -989,11 +1009,32 @@ class _Facts:
             if last_theirs:
                 tips.append("the other tenants' claims being released or expiring earlier "
                             "(an operator decision)")
-            s.prevention = ["Any of: " + "; ".join(tips) + "."] if tips else []
+            # NOTE: arithmetic on the recorded figures of the last decision, not a replay:
+            # the wording says so, so it is never read as what another pool would have done
+            s.prevention = [RECORDED_ARITHMETIC + "; ".join(tips) + "."] if tips else []
         if q["outcome"] == REQUEST_OUTCOME.preempted and not s.prevention:
             s.prevention = ["More usable blocks, or fewer concurrent long requests: vLLM "
                             "preempts the newest running request when the pool runs out."]
+        if self.has_whatif(run_id):
+            s.whatif = self.request_whatif(q)
+        else:
+            s.prevention.append(NO_WHATIF)
         return s
+
+    def request_whatif(self, q: dict[str, Any]) -> list[str]:
+        """One sentence per computed replay of the request's run: what it did with this
+        request (matched by id: a replay keeps the recorded request ids) beside the recording,
+        and at what cost to others, counted (``kvclaims.replays`` only counts them)."""
+        run_id = q["run_id"]
+        if self.replays is None:
+            return []
+        rec = counts(self.con, run_id, self.tenant)
+        recorded = RequestFate(q["outcome"], int(q.get("deferrals") or 0),
+                               int(q.get("preemptions") or 0))
+        return [f"{self.replay_head(run_id, r)} "
+                f"{fate_words(self.replays.request_fate(r, q['request_id']), recorded)}. "
+                f"{cost_sentence(self.replays.counts(r, self.tenant), rec)}"
+                for r in self.replays.of(run_id)]
 
     def preemption_why(self, run_id: str, seq: int, ts: Any, free: Any, prot: Any, usable: Any,
                        blocking: Sequence[str] | None) -> str:
@@ -1035,6 +1076,29 @@ def derive_lowering(policy: str | None, mode: str | None,
     # policy promises is the runtime's claim, never a verdict that it was kept
     return {"verdict": "unknown evidence", "evidence": f"{mode} under {policy}: the runtime "
             f"claims {text}; {note}", "source": "derived"}
+
+
+def fate_words(fate: RequestFate | None, recorded: RequestFate) -> str:
+    """What a replay did with a request, in words, with its deferrals and preemptions beside
+    the recorded ones; a replay that never submitted it says so."""
+    if fate is None:
+        return "has no record of this request (it was not submitted there)"
+    what = _FATE_WORDS.get(fate.outcome, f"left this request {fate.outcome}")
+    return (f"{what} ({fate.deferrals} deferral(s), {fate.preemptions} preemption(s); "
+            f"recorded: {recorded.outcome} after {recorded.deferrals} deferral(s), "
+            f"{recorded.preemptions} preemption(s))")
+
+
+def cost_sentence(got: Counts, rec: Counts) -> str:
+    """What a replay cost others and the tenant, counted, beside the recorded run's counts
+    (other tenants' requests and claims are never named)."""
+    return (f"In it {got.others_refused} request(s) of other tenants were refused, "
+            f"{got.others_deferred} deferred and {got.others_preempted} preempted (recorded: "
+            f"{rec.others_refused}, {rec.others_deferred}, {rec.others_preempted}), and "
+            f"{got.others_harmed} claim(s) of other tenants were harmed and "
+            f"{got.others_demoted} demoted (recorded: {rec.others_harmed}, "
+            f"{rec.others_demoted}); {got.own_refused} of your own requests were refused and "
+            f"{got.own_deferred} deferred (recorded: {rec.own_refused}, {rec.own_deferred}).")
 
 
 def _n(v: Any) -> str:

@@ -239,14 +239,28 @@ def render_comparison(rows: Sequence[dict[str, Any]]) -> str:
 # -- what one tenant's explanation may cite -------------------------------------------------------
 
 @dataclass(frozen=True)
-class RequestCounts:
-    """Requests of one run, counted (never named): the tenant's own and everyone else's."""
+class Counts:
+    """What one run did to requests and claims, counted (never named): the tenant's own
+    requests refused or deferred, and everyone else's requests refused, deferred or preempted
+    and claims harmed or demoted: the cost to others a citation sets beside the recording."""
 
     own_refused: int
     own_deferred: int
     others_refused: int
     others_deferred: int
     others_preempted: int
+    others_harmed: int
+    others_demoted: int
+
+
+@dataclass(frozen=True)
+class RequestFate:
+    """What one run did with one request: its reconstructed outcome and how often it was
+    deferred and preempted (the ``requests`` table)."""
+
+    outcome: str
+    deferrals: int
+    preemptions: int
 
 
 _CLAIMS_SQL = """
@@ -254,8 +268,13 @@ _CLAIMS_SQL = """
            row_number() OVER (PARTITION BY run_id, claim_id ORDER BY claim_seq) AS nth
     FROM claims"""
 
+# NOTE: a replay submits every recorded request under its recorded id (kvclaims.whatif), so a
+# request is matched by id; one the replay never submitted has no row
+_FATES_SQL = "SELECT run_id, request_id, outcome, deferrals, preemptions FROM requests"
+
 # NOTE: a request is the tenant's own when it carries the tenant or submitted one of its
-# claims (the explanation's own rule); every other request, tenant or not, is someone else's
+# claims (the explanation's own rule); every other request, tenant or not, is someone else's,
+# and so is every claim that is not the tenant's
 _COUNTS_SQL = fill_sql("""
     WITH own AS (SELECT run_id, request_id FROM requests WHERE tenant = $t
                  UNION SELECT run_id, request_id FROM claims
@@ -263,19 +282,27 @@ _COUNTS_SQL = fill_sql("""
          r AS (SELECT q.run_id, q.outcome, q.deferrals, q.preemptions,
                       o.request_id IS NOT NULL AS mine
                FROM requests q LEFT JOIN own o USING (run_id, request_id)
-               WHERE q.run_id = $r)
+               WHERE q.run_id = $r),
+         c AS (SELECT count(*) FILTER (WHERE outcome = {claim_outcome.harmed}) AS harmed,
+                      count(*) FILTER (WHERE outcome = {claim_outcome.demoted}) AS demoted
+               FROM claims WHERE run_id = $r AND tenant IS DISTINCT FROM $t)
     SELECT count(*) FILTER (WHERE mine AND outcome = {request_outcome.refused}),
            count(*) FILTER (WHERE mine AND deferrals > 0),
            count(*) FILTER (WHERE NOT mine AND outcome = {request_outcome.refused}),
            count(*) FILTER (WHERE NOT mine AND deferrals > 0),
-           count(*) FILTER (WHERE NOT mine AND preemptions > 0)
-    FROM r""")
+           count(*) FILTER (WHERE NOT mine AND preemptions > 0),
+           any_value(c.harmed), any_value(c.demoted)
+    FROM c LEFT JOIN r ON true""")
 
 
 class ReplayFacts:
     """The reconstructed replays of an audit's runs, opened once: for each replay, the outcome
-    of a claim instance and the requests it refused, deferred or preempted, counted by whose
-    they are. Close it (or use ``with``)."""
+    of a claim instance, what it did with a request, and the requests it refused, deferred or
+    preempted and the claims it harmed or demoted, counted by whose they are.
+
+    NOTE: one per command or page, shared by every tenant it explains (``explain``'s
+    ``replay_facts``): opening the replays is the expensive part. Close it (or use ``with``).
+    """
 
     def __init__(self, replays: Sequence[Replay]) -> None:
         self.replays = list(replays)
@@ -286,9 +313,15 @@ class ReplayFacts:
         self._rid = {r.run_dir.resolve(): by_dir.get(r.run_dir.resolve(), r.run_id)
                      for r in self.replays}
         self._claims: dict[tuple[str, str, int], str] = {}
+        self._fates: dict[tuple[str, str], RequestFate] = {}
+        self._counts: dict[tuple[str, str], Counts] = {}
         if self._audit is not None:
             for rid, cid, _seq, outcome, nth in self._audit.sql(_CLAIMS_SQL).fetchall():
                 self._claims[(rid, cid, int(nth))] = outcome
+            for rid, qid, outcome, deferrals, preemptions in self._audit.sql(
+                    _FATES_SQL).fetchall():
+                self._fates[(rid, qid)] = RequestFate(str(outcome), int(deferrals or 0),
+                                                      int(preemptions or 0))
 
     def of(self, source_run_id: str) -> list[Replay]:
         """The replays of one recorded run (``replays_of``)."""
@@ -299,10 +332,19 @@ class ReplayFacts:
         when the replay has no such instance (its request was never submitted)."""
         return self._claims.get((self._rid[replay.run_dir.resolve()], claim_id, nth))
 
-    def request_counts(self, replay: Replay, tenant: str) -> RequestCounts:
-        """The replay's refused / deferred / preempted requests, the tenant's own apart."""
+    def request_fate(self, replay: Replay, request_id: str) -> RequestFate | None:
+        """What ``replay`` did with the request ``request_id`` (a replay keeps the recorded
+        request ids); None when the replay never submitted it."""
+        return self._fates.get((self._rid[replay.run_dir.resolve()], request_id))
+
+    def counts(self, replay: Replay, tenant: str) -> Counts:
+        """The replay's refused / deferred / preempted requests and harmed / demoted claims,
+        the tenant's own requests apart (computed once per replay and tenant)."""
         assert self._audit is not None
-        return request_counts(self._audit.con, self._rid[replay.run_dir.resolve()], tenant)
+        key = (self._rid[replay.run_dir.resolve()], tenant)
+        if key not in self._counts:
+            self._counts[key] = counts(self._audit.con, key[0], tenant)
+        return self._counts[key]
 
     def close(self) -> None:
         """Release the replays' audit."""
@@ -317,8 +359,8 @@ class ReplayFacts:
         self.close()
 
 
-def request_counts(con: Any, run_id: str, tenant: str) -> RequestCounts:
+def counts(con: Any, run_id: str, tenant: str) -> Counts:
     """The same counts for a run of an open audit connection (the recorded run), so that a
     replay's figures stand beside the recorded ones."""
     row = con.execute(_COUNTS_SQL, {"t": tenant, "r": run_id}).fetchone()
-    return RequestCounts(*(int(v or 0) for v in row))
+    return Counts(*(int(v or 0) for v in row))

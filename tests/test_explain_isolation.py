@@ -22,7 +22,7 @@ from kvclaims.sources.jsonl import event_to_json
 from kvclaims.reconstruct.loader import iter_batches
 from kvclaims.replays import Replay, find_replays
 from tests.test_queries import check_golden
-from tests.test_whatif import DEMOTE, multi_whatif  # noqa: F401 (a fixture: the replays)
+from tests.test_whatif import DEMOTE, multi_whatif, tenanted  # noqa: F401 (fixtures: replays)
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
@@ -178,6 +178,24 @@ def test_no_explanation_citing_a_replay_names_a_foreign_identifier(multi_whatif:
                  for s in explain(audit, t, whatifs=found).sections for line in s.whatif]
     assert not any(found_leaks.values()), {t: v[:5] for t, v in found_leaks.items() if v}
     assert len(cited) >= 3  # the check ran over citations: tenant-b twice, the demotion once
+
+
+def test_no_explanation_citing_replays_of_requests_names_a_foreign_identifier(
+        tenanted: tuple[Path, Path]) -> None:
+    run, folder = tenanted
+    found = find_replays([folder])
+    with kvclaims.open([run]) as audit:
+        ids = identities(audit)
+        tenants = _tenants(audit)
+        found_leaks = {t: leaks(audit, t, ids, found) for t in tenants}
+        cited = {t: [line for s in explain(audit, t, whatifs=found).sections
+                     if s.kind == "request" for line in s.whatif] for t in tenants}
+    assert not any(found_leaks.values()), {t: v[:5] for t, v in found_leaks.items() if v}
+    # the check ran over request citations: tenant-b's two requests and tenant-c's one, each
+    # cited by three replays; the replay named after tenant-b's request is withheld from c only
+    assert len(cited["tenant-b"]) == 6 and len(cited["tenant-c"]) == 3
+    assert any("run id withheld" in line for line in cited["tenant-c"])
+    assert not any("run id withheld" in line for line in cited["tenant-b"])
 
 
 def test_a_replay_whose_run_id_names_another_tenants_claim_is_cited_without_it(

@@ -8,6 +8,7 @@ Run under ``flock /tmp/kvc-vllm.lock`` (it builds vLLM configurations).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -20,11 +21,11 @@ from typing import Any
 import pytest
 
 import kvclaims
-from kvclaims import replays, whatif
+from kvclaims import explaining, replays, whatif
 from kvclaims.cli import main
 from kvclaims.dashboard import data
 from kvclaims.dashboard.report import build_report
-from kvclaims.explaining import NO_WHATIF, explain
+from kvclaims.explaining import NO_WHATIF, RECORDED_ARITHMETIC, explain
 from kvclaims.reconstruct.loader import find_run_dirs
 from kvclaims.contract.schema import InputError, SCHEMA_VERSION
 from kvclaims.cli.record import sweep_rows
@@ -81,6 +82,39 @@ def multi_whatif(tmp_path_factory: pytest.TempPathFactory) -> Path:
     whatif.replay(multi, "hard_protected", 80, out / "named", run_id="whatif-of-a:doc")
     whatif.replay(whatif.read_workload(DEMOTE), "hard_protected", 80, out / "demote-hard-80")
     return out
+
+
+#: Whose the multi-tenant run's deferred, refused and preempted requests are in ``tenanted``
+#: (by request name; the recording sent them without a tenant).
+REQUEST_TENANTS = {"h-wait": "tenant-b", "i-huge": "tenant-b", "j-long": "tenant-c"}
+
+
+@pytest.fixture(scope="module")
+def tenanted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A run in which tenants' own requests are deferred, refused and preempted, and a
+    computed what-if of it (native at 80 blocks, hard_protected at 120, and hard_protected
+    at 80 under a run id that names tenant-b's h-wait request, which tenant-c must never see):
+    (run dir, what-if folder). No shipped recording has such a request (their refused
+    requests carry no tenant), so the run is the multi-tenant workload driven through vLLM's
+    Scheduler with the recorder and arbiter (``kvclaims.whatif``) under its recorded policy and
+    pool, with h-wait and i-huge sent as tenant-b's and the j-long requests as tenant-c's
+    (``kv_tenant``); it reproduces the recorded outcomes of every request.
+    """
+    out = tmp_path_factory.mktemp("tenanted")
+    multi = whatif.read_workload(MULTI)
+    owners = [next((t for name, t in REQUEST_TENANTS.items() if r.request_id.startswith(name)),
+                   r.tenant) for r in multi.requests]
+    sent = dataclasses.replace(multi, requests=[dataclasses.replace(r, tenant=t)
+                                                for r, t in zip(multi.requests, owners)])
+    run = out / "run"
+    whatif.replay(sent, multi.policy, multi.usable_blocks, run, run_id="multi_tenant-tenanted")
+    recorded = whatif.read_workload(run)
+    for policy, usable in (("native", 80), ("hard_protected", 120)):
+        whatif.replay(recorded, policy, usable, out / "whatif" / f"{policy}-{usable}")
+    wait = next(r.request_id for r in multi.requests if r.request_id.startswith("h-wait"))
+    whatif.replay(recorded, "hard_protected", 80, out / "whatif" / "named",
+                  run_id=f"whatif-of-{wait}")
+    return run, out / "whatif"
 
 
 # -- fidelity ------------------------------------------------------------------------------------
@@ -398,3 +432,103 @@ def test_a_single_pool_size_is_a_table_without_a_chart(hard80: Path) -> None:
     comparison = data.whatif_comparison(audit, NATIVE_80.name)
     assert len(comparison) == 2 and not data.whatif_chartable(comparison)
     assert "blocks lost as harm by usable blocks" not in build_report(audit)
+
+
+# -- computed what-ifs cited for requests --------------------------------------------------------
+
+#: What a citation says a replay did with a request, by the request's outcome there.
+FATE = {"served": "served this request", "refused": "refused this request",
+        "deferred_then_served": "deferred this request, then served it",
+        "preempted": "preempted this request"}
+
+
+def _request_fate(run_dir: Path, request_id: str) -> tuple[str, int, int]:
+    """The reconstructor's outcome, deferrals and preemptions of a request in one run."""
+    with kvclaims.open([run_dir]) as a:
+        (row,) = a.sql("SELECT outcome, deferrals, preemptions FROM requests "
+                       f"WHERE request_id = '{request_id}'").fetchall()
+    return row
+
+
+def test_the_tenanted_run_defers_refuses_and_preempts_tenants_own_requests(
+        tenanted: tuple[Path, Path]) -> None:
+    with kvclaims.open([tenanted[0]]) as a:
+        rows = a.sql("SELECT tenant, outcome FROM requests WHERE outcome IN "
+                     "('deferred_then_served', 'refused', 'preempted')").fetchall()
+    assert sorted(rows) == [("tenant-b", "deferred_then_served"), ("tenant-b", "refused"),
+                            ("tenant-c", "preempted")]
+
+
+def test_explain_cites_what_each_replay_did_with_a_tenants_request(
+        tenanted: tuple[Path, Path]) -> None:
+    run, folder = tenanted
+    found = replays.find_replays([folder])
+    by_point = {r.point: r for r in found}
+    with kvclaims.open([run]) as a:
+        sections = [s for t in ("tenant-b", "tenant-c")
+                    for s in explain(a, t, whatifs=found).sections if s.kind == "request"]
+    assert sorted(s.outcome for s in sections) == ["deferred_then_served", "preempted",
+                                                   "refused"]
+    changed = 0
+    for s in sections:
+        assert len(s.whatif) == 3 and NO_WHATIF not in s.prevention
+        for line in s.whatif:
+            point = re.search(r"under (\w+) at (\d+) usable blocks", line)
+            outcome, deferrals, preemptions = _request_fate(
+                by_point[f"{point[1]}@{point[2]}"].run_dir, s.id)
+            assert (f"{FATE[outcome]} ({deferrals} deferral(s), {preemptions} preemption(s); "
+                    f"recorded: {s.outcome} after") in line, line
+            changed += outcome != s.outcome
+    assert changed  # the replays did serve what the recording refused, deferred, preempted
+
+
+def test_a_request_citation_counts_the_cost_to_other_tenants_from_the_replay(
+        tenanted: tuple[Path, Path]) -> None:
+    run, folder = tenanted
+    native = [r for r in replays.find_replays([folder]) if r.point == "native@80"]
+    with kvclaims.open([native[0].run_dir]) as a:
+        (harmed,) = a.sql("SELECT count(*) FROM claims WHERE outcome = 'harmed' "
+                          "AND tenant IS DISTINCT FROM 'tenant-b'").fetchall()[0]
+    with kvclaims.open([run]) as a:
+        (s,) = [x for x in explain(a, "tenant-b", whatifs=native).sections
+                if x.outcome == "refused"]
+    assert harmed == 2  # tenant-a's and tenant-d's: native keeps no claim resident
+    assert f"{harmed} claim(s) of other tenants were harmed and 0 demoted (recorded: 0, 0)" \
+        in s.whatif[0]
+
+
+def test_a_request_without_a_computed_replay_gets_no_counterfactual(
+        tenanted: tuple[Path, Path]) -> None:
+    with kvclaims.open([tenanted[0]]) as a:
+        sections = [s for t in ("tenant-b", "tenant-c")
+                    for s in explain(a, t).sections if s.kind == "request"]
+    assert len(sections) == 3
+    assert all(not s.whatif and NO_WHATIF in s.prevention for s in sections)
+    said = [line for s in sections for line in s.prevention if line != NO_WHATIF]
+    assert said and all(line.startswith(RECORDED_ARITHMETIC) or "vLLM preempts" in line
+                        for line in said)
+
+
+def test_a_replay_of_another_run_is_never_cited_for_a_request(
+        tenanted: tuple[Path, Path], native_whatif: Path) -> None:
+    with kvclaims.open([tenanted[0]]) as a:
+        sections = [s for s in explain(a, "tenant-b", whatifs=replays.find_replays(
+            [native_whatif])).sections if s.kind == "request"]
+    assert sections and all(not s.whatif and NO_WHATIF in s.prevention for s in sections)
+
+
+def test_the_pages_open_the_replays_once_for_every_tenant_they_explain(
+        tenanted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[int] = []
+
+    class Counted(replays.ReplayFacts):
+        def __init__(self, found: Any) -> None:
+            opened.append(len(found))
+            super().__init__(found)
+
+    monkeypatch.setattr(data, "ReplayFacts", Counted)
+    monkeypatch.setattr(explaining, "ReplayFacts", Counted)  # explain opens none of its own
+    audit = data.load_audit([tenanted[0]], whatif=[tenanted[1]])
+    page = build_report(audit)
+    assert len(data.tenants(audit)) >= 6 and opened == [3]
+    assert page.count("A replay of this run under native at 80 usable blocks") >= 4
