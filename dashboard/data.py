@@ -31,7 +31,7 @@ import pandas as pd
 
 import kvclaims
 from kvclaims.contract.vocabulary import (CHECK_VERDICTS, CLAIM_OUTCOME, EVENT, LABEL, LABELS,
-                                          REQUEST_OUTCOME, VERDICT)
+                                          REQUEST_OUTCOME, VERDICT, fill_sql)
 from kvclaims.audit import is_dataset
 from kvclaims.contract.schema import InputError
 from kvclaims.explaining import explain, tenants_by_harm
@@ -218,11 +218,11 @@ def load_audit(paths: Sequence[PathLike],
                    breaks_predicate, broken_seq
             FROM loss_claims ORDER BY run_id, claim_seq, seq, position""").df()
         tables = {
-            "requests": audit.sql("""
+            "requests": audit.sql(fill_sql("""
                 SELECT r.*, a.first_alloc_seq FROM requests r LEFT JOIN (
                     SELECT run_id, request_id, min(seq) AS first_alloc_seq FROM events
-                    WHERE event IN ('block_allocated', 'block_hit') GROUP BY ALL) a
-                USING (run_id, request_id) ORDER BY run_id, arrived_seq""").df(),
+                    WHERE event IN ({event.block_allocated}, {event.block_hit}) GROUP BY ALL) a
+                USING (run_id, request_id) ORDER BY run_id, arrived_seq""")).df(),
             "feasibility": audit.sql("SELECT * FROM feasibility ORDER BY run_id, seq").df(),
             "claims": audit.sql("SELECT * FROM claims ORDER BY run_id, submitted_seq").df(),
             "losses_by_label": audit.sql("""
@@ -606,9 +606,9 @@ def claim_position_lanes(source: Source, run_id: str, claim_seq: int) -> pd.Data
     if a.facade is None:
         return pd.DataFrame(columns=cols)
     with a._lock:
-        df = a.facade.con.execute("""
+        df = a.facade.con.execute(f"""
             WITH b AS (SELECT position, min(seq) AS start FROM claim_timeline
-                       WHERE run_id = $r AND claim_seq = $i AND what = 'claim_bound'
+                       WHERE run_id = $r AND claim_seq = $i AND what = '{EVENT.claim_bound}'
                          AND position IS NOT NULL GROUP BY position),
                  l AS (SELECT position, min(seq) AS lost,
                               arg_min(label, seq) AS label, arg_min(block_id, seq) AS block_id,

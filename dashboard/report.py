@@ -295,7 +295,7 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
     if len(worst):
         out.append("<ul>")
         for r in worst.to_dict("records"):
-            cls = " class='harm'" if r["lost_harm"] else ""
+            cls = f" class='{LABEL.harm}'" if r["lost_harm"] else ""
             out.append(f"<li><b>{_e(r['run_id'])}</b> ({_e(r['policy'])}, "
                        f"{_e(r['usable_blocks'])} usable blocks): "
                        f"<span{cls}>{_e(data.headline_text(r))}</span></li>")
@@ -323,8 +323,8 @@ def build_report(source: data.Source, title: str = "kvclaims incident report") -
                               f"timeline of {run_id}"))
         for rid, cseq in data.harmed_claims(audit, run_id):
             ev = data.harm_evictors(audit, rid, cseq)
-            out.append(f"<p><b class='harm'>{_e(data.claim_label(audit, rid, cseq))}</b> was "
-                       "harmed by:</p>")
+            name = _e(data.claim_label(audit, rid, cseq))
+            out.append(f"<p><b class='{LABEL.harm}'>{name}</b> was harmed by:</p>")
             out.append(table_html(ev[["request_id", "tenant", "harm_blocks", "first_seq",
                                       "why"]]))
             out.append(chart.html(position_lanes(audit, rid, cseq, width=REPORT_WIDTH,

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from kvclaims.contract.vocabulary import CLAIM_OUTCOME, EVENT, LABEL, LABELS, MODE, REQUEST_OUTCOME
+from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, EVENT, LABEL, LABELS, MODE,
+                                          REQUEST_OUTCOME, fill_sql)
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.reconstruct.core import PROTOTYPE_ENFORCING
@@ -528,7 +529,7 @@ class _Facts:
         """Every identifier of run ``run_id`` that is not this tenant's own in that run: other
         tenants' names, claim ids, request ids (also as causes and blockers) and block hashes
         of other tenants' claims."""
-        rows = self.con.execute("""
+        rows = self.con.execute(fill_sql("""
             SELECT DISTINCT tenant, 't' FROM events WHERE run_id = $r AND tenant IS NOT NULL
             UNION SELECT DISTINCT claim_id, 'c' FROM events
                   WHERE run_id = $r AND claim_id IS NOT NULL
@@ -540,8 +541,8 @@ class _Facts:
                   WHERE run_id = $r AND blocking_claim_ids IS NOT NULL
             UNION SELECT DISTINCT e.block_hash::VARCHAR, 'h' FROM events e
                   JOIN claims c ON c.run_id = e.run_id AND c.claim_id = e.claim_id
-                  WHERE e.run_id = $r AND e.event = 'claim_bound'
-                    AND c.tenant IS DISTINCT FROM $t""",
+                  WHERE e.run_id = $r AND e.event = {event.claim_bound}
+                    AND c.tenant IS DISTINCT FROM $t"""),
             {"r": run_id, "t": self.tenant}).fetchall()
         own = {"t": {self.tenant}, "c": {c for r, c in self.own_claims if r == run_id},
                "q": {q for r, q in self.own_requests if r == run_id}, "h": set()}
@@ -584,7 +585,7 @@ class _Facts:
             SELECT c.*, c.{self.instance_col} AS instance_seq, m.manifest_json,
                    coalesce(m.policy, (SELECT any_value(e.policy) FROM events e
                                        WHERE e.run_id = c.run_id
-                                         AND e.event = 'run_started')) AS policy
+                                         AND e.event = '{EVENT.run_started}')) AS policy
             FROM claims c LEFT JOIN manifests m ON m.run_id = c.run_id
             WHERE c.tenant = $t AND ($c IS NULL OR c.claim_id = $c)
             ORDER BY c.run_id, instance_seq NULLS FIRST, c.claim_id""",
@@ -809,11 +810,11 @@ class _Facts:
     def resident_at(self, run_id: str, claim_seq: int, seq: int) -> int:
         """Blocks of claim instance ``claim_seq`` resident just before ``seq``: positions bound
         before it less positions lost before it (``claim_timeline``)."""
-        row = self.con.execute("""
-            SELECT count(DISTINCT position) FILTER (WHERE what = 'claim_bound'),
+        row = self.con.execute(fill_sql("""
+            SELECT count(DISTINCT position) FILTER (WHERE what = {event.claim_bound}),
                    count(DISTINCT position) FILTER (WHERE kind = 'loss')
             FROM claim_timeline
-            WHERE run_id = $r AND claim_seq = $i AND seq < $s""",
+            WHERE run_id = $r AND claim_seq = $i AND seq < $s"""),
             {"r": run_id, "i": claim_seq, "s": seq}).fetchone()
         return max(0, (row[0] or 0) - (row[1] or 0)) if row else 0
 
@@ -832,7 +833,7 @@ class _Facts:
         demoted = [r[0] for r in self.con.execute(f"""
             SELECT c.{self.instance_col} FROM claims c JOIN events e
               ON e.run_id = c.run_id AND e.seq = c.release_seq
-            WHERE c.run_id = $r AND c.release_event = 'claim_demoted'
+            WHERE c.run_id = $r AND c.release_event = '{EVENT.claim_demoted}'
               AND e.by_request_id = $q AND c.{self.instance_col} IS NOT NULL""",
             {"r": run_id, "q": by}).fetchall()]
         freed = sum(self.resident_at(run_id, s, dseq) for s in demoted)
@@ -936,12 +937,13 @@ class _Facts:
     # -- requests -----------------------------------------------------------------------------
 
     def request_rows(self, request: str | None) -> list[dict[str, Any]]:
-        rel = self.con.execute("""
+        rel = self.con.execute(fill_sql("""
             SELECT * FROM requests
             WHERE tenant = $t AND ($q IS NULL OR request_id = $q)
-              AND ($q IS NOT NULL OR outcome IN ('refused', 'deferred_then_served', 'preempted')
+              AND ($q IS NOT NULL OR outcome IN ({request_outcome.refused},
+                       {request_outcome.deferred_then_served}, {request_outcome.preempted})
                    OR deferrals > 0 OR preemptions > 0)
-            ORDER BY run_id, arrived_seq NULLS LAST, request_id""",
+            ORDER BY run_id, arrived_seq NULLS LAST, request_id"""),
             {"t": self.tenant, "q": request})
         cols = [d[0] for d in rel.description]
         return [dict(zip(cols, r)) for r in rel.fetchall()]
@@ -960,16 +962,16 @@ class _Facts:
                        (WHERE blocking_claim_id IS NOT NULL) AS ids, live_blocks
             FROM refusals_with_blockers WHERE run_id = $r AND request_id = $q
             GROUP BY ALL ORDER BY seq""", {"r": run_id, "q": q["request_id"]}).fetchall()
-        events = self.con.execute("""
+        events = self.con.execute(fill_sql("""
             SELECT e.seq, e.ts, e.event, e.free_blocks, f.protected_blocks, e.usable_blocks,
                    e.blocking_claim_ids
             FROM events e
             -- NOTE: the protected figure is the rebuilt one (feasibility), never the runtime's
             LEFT JOIN feasibility f ON f.run_id = e.run_id AND f.seq = e.seq
             WHERE e.run_id = ? AND e.request_id = ?
-              AND e.event IN ('request_arrived', 'request_admitted', 'request_preempted',
-                              'request_finished')
-            ORDER BY e.seq""", [run_id, q["request_id"]]).fetchall()
+              AND e.event IN ({event.request_arrived}, {event.request_admitted},
+                              {event.request_preempted}, {event.request_finished})
+            ORDER BY e.seq"""), [run_id, q["request_id"]]).fetchall()
         timeline: list[Moment] = []
         for seq, ts, ev, free, prot, usable, blocking in events:
             text = {EVENT.request_arrived: "the request arrived",
