@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python benchmarks/recorder_overhead.py [--rounds 4]
 [--shapes prefix,multiturn,short,claims] [--configs plain,native,hard]
-[--writer-only | --engine-only] [--lockstep [--cold-mib 0,64]] [--write docs/benchmarks.md]``
+[--writer-only | --engine-only] [--lockstep [--cold-mib 0,64]] [--claim-path]
+[--write docs/benchmarks.md]``
 (in-process engines; 3-5 min per shape on 2 shared cores). ``--write``: the tables also replace
 this script's section of that file (between ``<!-- recorder_overhead:begin -->`` and
 ``<!-- recorder_overhead:end -->``), with the command, the UTC date and the machine.
@@ -39,6 +40,11 @@ even), after one discarded warm-up round. Four shapes:
 
 Per-event cost = median over balanced pairs of (configuration's scheduler CPU - plain's) /
 events recorded; ratio = median over balanced pairs of configuration / plain.
+
+``--claim-path``: the ``claims`` shape's added time split in two, each measured as paired rounds:
+``unclaimed`` (``native`` with the shape's claims not declared: the pool hooks alone) against
+vanilla vLLM, and ``unclaimed:native`` (``native`` with the claims against ``native`` without:
+the claim path alone), beside ``native`` against vanilla vLLM (both).
 
 ``--lockstep``: the same shapes without engines: vLLM's ``Scheduler`` and the recorder's, built
 by vLLM's own test helper (``create_scheduler`` from its source distribution, fetched as
@@ -83,10 +89,13 @@ _wall = time.perf_counter_ns
 # the section of a docs file this script's tables replace (``--write``)
 CONFIGS = ("plain", "native", "hard")
 POLICY = {"plain": None, "native": "native", "hard": "hard_protected",
+          "unclaimed": "native",  # ``native`` whose requests declare no claim on any shape
           "write_no_admit": "write_no_admit"}  # the last: the tests' negative control
 # Engine table rows: a configuration against vanilla vLLM, or ``base:config`` (two
 # configurations paired directly)
 ENGINE_ROWS = ("plain", "native", "hard")
+# ``--claim-path``: the claims shape's pool hooks alone, its claim path alone, and both
+CLAIM_PATH_ROWS = ("unclaimed", "unclaimed:native", "native")
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -252,8 +261,9 @@ def build_engine(config: str, usable: int, out: Path, key: str, *,
 
 def _declares(config: str, shape: str) -> bool:
     """Whether ``config``'s requests declare the shape's claims (``hard`` always; every
-    recorder configuration on a shape of ``CLAIMS_UNDER_EVERY_POLICY``)."""
-    return config == "hard" or (POLICY[config] is not None and shape in CLAIMS_UNDER_EVERY_POLICY)
+    recorder configuration but ``unclaimed`` on a shape of ``CLAIMS_UNDER_EVERY_POLICY``)."""
+    return config == "hard" or (POLICY[config] is not None and config != "unclaimed"
+                                and shape in CLAIMS_UNDER_EVERY_POLICY)
 
 
 def _drive(drivers: dict[str, Any], configs: dict[str, str], phases: list[Phase],
@@ -630,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold-mib", type=lambda s: [int(x) for x in s.split(",")], default=[0],
                     help="with --lockstep: MiB read before each timed call (0: warm caches); "
                     "a list runs each")
+    ap.add_argument("--claim-path", action="store_true",
+                    help="instead of --shapes/--configs: the claims shape's pool hooks and claim "
+                    "path measured apart (" + ", ".join(CLAIM_PATH_ROWS) + ")")
     ap.add_argument("--writer-only", action="store_true")
     ap.add_argument("--writer-events", type=int, default=1_000_000)
     ap.add_argument("--capacity", type=int, default=1_000_000,
@@ -641,8 +654,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     configs = tuple(c for c in args.configs.split(",") if c)
+    if args.claim_path:
+        shapes, configs = ["claims"], CLAIM_PATH_ROWS
     unknown = [s for s in shapes if s not in SHAPES]
-    odd = [c for c in configs if c not in ENGINE_ROWS]
+    odd = [c for c in configs if c not in ENGINE_ROWS + CLAIM_PATH_ROWS]
     if unknown or odd or args.rounds < 1 or min(args.cold_mib) < 0:
         print(f"error: unknown shape(s) {unknown} or config(s) {odd}; shapes: {sorted(SHAPES)}, "
               f"configs: {list(ENGINE_ROWS)}; rounds >= 1, cold-mib >= 0", file=sys.stderr)
@@ -674,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
                     "`schedule()` + `update_from_output()`, medians; added ms, µs per event and "
                     "ratios are medians over balanced pairs; `plain (null)` is vanilla vLLM "
                     "against itself (the resolution).")
+            if args.claim_path:
+                mode += (" `unclaimed`: `native` with the shape's claims not declared (the pool "
+                         "hooks alone), against vanilla vLLM; `unclaimed:native`: `native` with "
+                         "the claims against `native` without (the claim path alone; its "
+                         "\"plain\" columns are `unclaimed`'s); `native`: both, against vanilla "
+                         "vLLM.")
             for shape in shapes:
                 printed, records = engine_table(shape, args.rounds, Path(tmp), configs)
                 rows += printed
@@ -683,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += writer
     print("\n".join(rows))
     # NOTE: one section per part, so that --writer-only or --lockstep replaces only its own
-    engine = "recorder_overhead.lockstep" if args.lockstep else "recorder_overhead.engine"
+    engine = ("recorder_overhead.lockstep" if args.lockstep else
+              "recorder_overhead.claim_path" if args.claim_path else "recorder_overhead.engine")
     if table:
         _report.write_section(engine, engine_markdown(mode, table), args.doc, script=__file__)
     if writer:

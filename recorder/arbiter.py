@@ -12,6 +12,13 @@ NOTE: invariants
   the claims in force, never to every claim ever made;
 - only content bound to a claim in force is watched (``watched``): the hooks skip every other
   block without calling in here;
+- a claim's counted content (positions below its threshold) is grouped into segments: the
+  keys counted by exactly the same claims share one ``_Segment``, which counts its keys not
+  resident; a claim counts its segments with a key not resident (``Claim.gaps``), so
+  ``gaps == 0`` exactly when every counted position is resident (the one thing
+  materialization and harm are judged on). A block loss or residency updates one segment,
+  and touches the segment's claims only when the segment goes from complete to incomplete or
+  back, never once per claim per block;
 - a block is pinned at most once, however many claims protect it (``_pins[block_id]`` holds
   the set of claims); it is unpinned when that set becomes empty;
 - only claims in force under an enforcing policy, in a pinning mode, pin blocks;
@@ -23,10 +30,10 @@ NOTE: invariants
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 from typing import Any, NamedTuple
 
 from kvclaims.recorder.claims import UNUSABLE_CLAIM_ID, ClaimDeclaration, Rejection, parse_claim
@@ -41,8 +48,8 @@ Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here
 class Claim:
     """One accepted claim in force and its live state.
 
-    NOTE: slotted: the block hooks read and write ``missing`` once per claim binding the
-    content whose residency changed, the hottest attribute access of the claim path.
+    NOTE: slotted: the block hooks read and write ``gaps`` of every claim of a segment that
+    became complete or incomplete, the hottest attribute access of the claim path.
     """
 
     decl: ClaimDeclaration
@@ -51,12 +58,93 @@ class Claim:
     threshold: int
     hashes: list[Hashable]  # bound content, by logical position
     deadline: float | None  # engine monotonic clock
-    missing: int = 0  # positions < threshold not resident
+    # segments of its counted positions (< threshold) with a key not resident; 0: every
+    # counted position is resident. NOTE: frozen when the claim ends (``_unwatch``)
+    gaps: int = 0
     materialized: bool = False
     pinned: set[int] = field(default_factory=set)  # block ids this claim holds a pin on
     # NOTE: fixed at acceptance (the mode and the run policy never change), read per block
     protects: bool = False  # pins its resident blocks (enforcing policy, pinning mode)
     residency: bool = False  # a loss of a counted position breaks its promise
+
+
+class _Segment:
+    """Counted content shared by exactly the same claims in force.
+
+    NOTE: ``claims`` is the signature (the claims counting each member key, in acceptance
+    order, each once) and the key of ``ClaimArbiter._segments``, so keys with the same claims
+    always share one segment; ``missing`` counts the member keys not resident.
+    """
+
+    __slots__ = ("claims", "missing", "size")
+
+    def __init__(self, claims: tuple[Claim, ...]) -> None:
+        self.claims = claims
+        self.missing = 0  # member keys not resident
+        self.size = 0  # member keys
+
+
+class _Watch:
+    """What the arbiter knows of one watched key (content bound to a claim in force).
+
+    NOTE: one object per key, so a block hook finds everything in one dict lookup. The blocks
+    holding the content now are ``block_id`` / ``block`` (the oldest copy) and ``more`` (any
+    further copies, block_id -> block, oldest first; None until there is one): together, in
+    that order, a dict of copies by insertion order, kept without a dict for the usual single
+    copy. ``block_id is None`` exactly when no block holds the content (``more`` then empty).
+    ``since`` orders the resident keys by when their first copy arrived (``on_reset`` loses
+    them in that order).
+    """
+
+    __slots__ = ("block_id", "block", "more", "since", "seg", "entries", "pinners")
+
+    def __init__(self) -> None:
+        self.block_id: int | None = None
+        self.since = 0
+        self.block: Block = None
+        self.more: dict[int, Block] | None = None
+        self.seg: _Segment | None = None  # the claims counting it (below their threshold)
+        self.entries: list[tuple[Claim, int]] = []  # every binding (claim, position)
+        # bindings of protecting claims (empty under a policy that does not enforce)
+        self.pinners: list[tuple[Claim, int]] = []
+
+    def copies(self) -> list[Block]:
+        """The blocks holding the content, oldest copy first."""
+        if self.block_id is None:
+            return []
+        return [self.block, *self.more.values()] if self.more else [self.block]
+
+    def add_copy(self, block: Block) -> bool:
+        """A block holds the content now; whether it is the first copy. (The block hooks'
+        loops inline this.)"""
+        block_id = block.block_id
+        if self.block_id is None:
+            self.block_id = block_id
+            self.block = block
+            return True
+        if self.block_id == block_id:
+            self.block = block
+        elif self.more is None:
+            self.more = {block_id: block}
+        else:
+            self.more[block_id] = block
+        return False
+
+    def drop_copy(self, block_id: int) -> bool:
+        """A block lost the content; whether that was the last copy (False also for a block
+        not known to hold it). (The block hooks' loops inline this.)"""
+        if self.block_id != block_id:
+            if self.more:
+                self.more.pop(block_id, None)
+            return False
+        more = self.more
+        if more:
+            self.block_id = next(iter(more))
+            self.block = more.pop(self.block_id)
+            return False
+        self.block_id = None
+        self.block = None
+        return True
 
 
 class Admission(NamedTuple):
@@ -94,15 +182,10 @@ class ClaimArbiter:
         self._clock = clock
         self.claims: dict[str, Claim] = {}  # in force only
         self._expiring: dict[str, Claim] = {}  # in force with a deadline
-        self._by_hash: dict[Hashable, list[tuple[Claim, int]]] = {}
-        # NOTE: two views of ``_by_hash``, kept with it by ``_accept`` / ``_unwatch`` so the
-        # block hooks walk only the entries a residency change can act on: ``_counted``, the
-        # claims binding the content at a position below their threshold (in ``_by_hash``
-        # order); ``_pinners``, the (claim, position) entries of protecting claims (empty
-        # under a policy that does not enforce)
-        self._counted: dict[Hashable, list[Claim]] = {}
-        self._pinners: dict[Hashable, list[tuple[Claim, int]]] = {}
-        self._resident: dict[Hashable, dict[int, Block]] = {}  # watched content only
+        # every watched key; NOTE: a key is watched exactly while a claim in force binds it
+        self._watched: dict[Hashable, _Watch] = {}
+        self._segments: dict[tuple[Claim, ...], _Segment] = {}  # by signature
+        self._tick = itertools.count().__next__  # ``_Watch.since`` stamps
         self._pins: dict[int, set[str]] = {}
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
         self._deferrals: dict[str, tuple[int, float]] = {}  # request -> (steps, since)
@@ -113,7 +196,7 @@ class ClaimArbiter:
         # allocation, cache step and scheduler step (a property is a Python call each time).
         # ``watched`` and ``pins`` are the live dicts themselves (never rebound); the flags are
         # kept current by ``_update_flags`` whenever a claim starts or ends.
-        self.watched: dict[Hashable, list[tuple[Claim, int]]] = self._by_hash
+        self.watched: dict[Hashable, _Watch] = self._watched
         self.pins: dict[int, set[str]] = self._pins
         self.deferrals: dict[str, tuple[int, float]] = self._deferrals
         self.has_soft_claims = False
@@ -194,22 +277,25 @@ class ClaimArbiter:
         if n:
             self._bound(cid, hashes)
         protects = claim.protects
+        watched = self._watched
         for position, key in enumerate(hashes):
-            entries = self._by_hash.get(key)
-            if entries is None:
-                entries = self._by_hash[key] = []
-                self._watch(key)
-            entries.append((claim, position))
-            if position < threshold:
-                self._counted.setdefault(key, []).append(claim)
+            watch = watched.get(key)
+            if watch is None:
+                watch = watched[key] = self._watch(key)
+            watch.entries.append((claim, position))
             if protects:
-                self._pinners.setdefault(key, []).append((claim, position))
-            copies = self._resident.get(key)
-            if position < threshold and not copies:
-                claim.missing += 1
-            if copies and protects:
-                for block in copies.values():
+                watch.pinners.append((claim, position))
+                for block in watch.copies():
                     self._pin(claim, block, position)
+        # the counted keys join the segments of their claims plus this one
+        moved: dict[_Segment | None, _Segment] = {}
+        for key in dict.fromkeys(hashes[:threshold]):
+            watch = watched[key]
+            old = watch.seg
+            new = moved.get(old)
+            if new is None:
+                new = moved[old] = self._segment((old.claims if old else ()) + (claim,))
+            self._move(watch, old, new)
         self._check_materialized(claim)
 
     def _bound(self, claim_id: str, hashes: list[Hashable]) -> None:
@@ -221,13 +307,47 @@ class ClaimArbiter:
         for position, key in enumerate(hashes):
             self._emit("claim_bound", claim_id=claim_id, block_hash=key, position=position)
 
-    def _watch(self, key: Hashable) -> None:
+    def _watch(self, key: Hashable) -> _Watch:
         """Start watching content: learn which blocks hold it now."""
-        if self._lookup is None:
-            return
-        blocks = {b.block_id: b for b in self._lookup(key)}
-        if blocks:
-            self._resident[key] = blocks
+        watch = _Watch()
+        if self._lookup is not None:
+            for block in self._lookup(key):
+                if watch.add_copy(block):
+                    watch.since = self._tick()
+        return watch
+
+    # ----------------------------------------------------------------- segments
+    def _segment(self, claims: tuple[Claim, ...]) -> _Segment:
+        """The segment of keys counted by exactly ``claims`` (made when there is none)."""
+        seg = self._segments.get(claims)
+        if seg is None:
+            seg = self._segments[claims] = _Segment(claims)
+        return seg
+
+    def _move(self, watch: _Watch, old: _Segment | None, new: _Segment | None) -> None:
+        """Move a counted key from segment ``old`` to ``new`` (None: counted by no claim).
+
+        NOTE: no event: the claims of both segments keep whether their counted positions are
+        all resident (a key's residency does not change here), only their gap counts move.
+        """
+        absent = watch.block_id is None
+        if new is not None:
+            new.size += 1
+            if absent:
+                new.missing += 1
+                if new.missing == 1:
+                    for claim in new.claims:
+                        claim.gaps += 1
+        if old is not None:
+            old.size -= 1
+            if absent:
+                old.missing -= 1
+                if not old.missing:
+                    for claim in old.claims:
+                        claim.gaps -= 1
+            if not old.size:
+                del self._segments[old.claims]
+        watch.seg = new
 
     # ----------------------------------------------------------------- block content
     def _update_flags(self) -> None:
@@ -243,27 +363,40 @@ class ClaimArbiter:
         """A block of ``blocks`` now holds the reusable content of its key in ``keys`` (cached,
         or hit by a request); only watched content is looked at.
 
-        NOTE: the first copy of content counts for the claims binding it below their
-        threshold; any copy is pinned for the protecting ones. A further copy under a policy
-        that does not enforce (a hit on resident content, the usual case) is one dict store.
+        NOTE: the first copy of content counts for its segment (the claims binding it below
+        their threshold), and for the segment's claims only when that completes it; any copy
+        is pinned for the protecting ones. A further copy under a policy that does not enforce
+        (a hit on resident content, the usual case) is one dict store.
         """
-        watched = self._by_hash
-        resident = self._resident
-        counted = self._counted
-        pinners = self._pinners
-        for block, key in compress(zip(blocks, keys), map(watched.__contains__, keys)):
-            copies = resident.get(key)
-            if copies:
-                copies[block.block_id] = block
+        tick = self._tick
+        for block, watch in zip(blocks, map(self._watched.get, keys)):
+            if watch is None:
+                continue
+            held = watch.block_id
+            if held is not None:  # a further copy: ``_Watch.add_copy`` inlined
+                block_id = block.block_id
+                if held == block_id:
+                    watch.block = block
+                elif watch.more is None:
+                    watch.more = {block_id: block}
+                else:
+                    watch.more[block_id] = block
             else:
-                resident[key] = {block.block_id: block}
-                for claim in counted.get(key, ()):
-                    missing = claim.missing - 1
-                    claim.missing = missing
-                    if not missing and not claim.materialized:
-                        self._check_materialized(claim)
-            if pinners:
-                for claim, position in pinners.get(key, ()):
+                watch.block_id = block.block_id
+                watch.block = block
+                watch.since = tick()
+                seg = watch.seg
+                if seg is not None:
+                    missing = seg.missing - 1
+                    seg.missing = missing
+                    if not missing:
+                        for claim in seg.claims:
+                            gaps = claim.gaps - 1
+                            claim.gaps = gaps
+                            if not gaps and not claim.materialized:
+                                self._check_materialized(claim)
+            if watch.pinners:
+                for claim, position in watch.pinners:
                     self._pin(claim, block, position)
 
     def on_lost(self, block_id: int, key: Hashable) -> None:
@@ -282,38 +415,50 @@ class ClaimArbiter:
         broken = list(self.broken.items())
         self.broken.clear()
         for claim, key in broken:
-            if claim.missing > 0:
+            if claim.gaps > 0:
                 self._emit("claim_harmed", claim_id=claim.decl.claim_id, block_hash=key)
 
     def on_lost_many(self, block_ids: Sequence[int], keys: Sequence[Hashable]) -> None:
         """The block of ``block_ids`` lost the content of its key in ``keys`` (evicted); only
         watched content is looked at. Losing the last copy counts against the claims binding
-        it below their threshold, and breaks the residency promise of a materialized one
+        it below their threshold (through its segment, and the segment's claims only when the
+        segment was complete), and breaks the residency promise of a materialized one
         (reported at the step's end, ``end_of_step``)."""
-        watched = self._by_hash
-        resident = self._resident
-        counted = self._counted
         broken = self.broken
-        for block_id, key in compress(zip(block_ids, keys), map(watched.__contains__, keys)):
-            copies = resident.get(key)
-            if not copies or copies.pop(block_id, None) is None or copies:
+        for block_id, watch, key in zip(block_ids, map(self._watched.get, keys), keys):
+            if watch is None:
                 continue
-            del resident[key]
-            for claim in counted.get(key, ()):
-                missing = claim.missing + 1
-                claim.missing = missing
+            if watch.block_id != block_id or watch.more:  # not the only copy
+                watch.drop_copy(block_id)
+                continue
+            watch.block_id = None
+            watch.block = None
+            seg = watch.seg
+            if seg is None:
+                continue
+            missing = seg.missing
+            seg.missing = missing + 1
+            if missing:
+                continue
+            for claim in seg.claims:
+                gaps = claim.gaps
+                claim.gaps = gaps + 1
                 # NOTE: only a residency promise is broken by the loss itself (docs/design.md
                 # §3): best_effort promised nothing, and whether a soft_priority loss broke its
                 # order depends on the other evictable blocks, which only the offline timeline
                 # sees
-                if missing == 1 and claim.materialized and claim.residency:
+                if not gaps and claim.materialized and claim.residency:
                     broken.setdefault(claim, key)
 
     def on_reset(self) -> None:
         """vLLM dropped every cached hash (``reset_prefix_cache``)."""
-        for key, copies in list(self._resident.items()):
-            for block_id in list(copies):
-                self.on_lost(block_id, key)
+        # NOTE: the resident keys in the order their first copy arrived: the first loss that
+        # breaks a claim names the key its claim_harmed reports
+        resident = sorted((w.since, key, w.copies()) for key, w in self._watched.items()
+                          if w.block_id is not None)
+        for _, key, blocks in resident:
+            for block in blocks:
+                self.on_lost(block.block_id, key)
 
     def is_protected(self, block_id: int) -> bool:
         """Whether a claim holds an extra reference on this block."""
@@ -323,7 +468,8 @@ class ClaimArbiter:
         """Whether evicting this content should wait for every unclaimed candidate."""
         if not self.policy.enforce:
             return False
-        return any(c.mode == "soft_priority" for c, _ in self._by_hash.get(key, ()))
+        watch = self._watched.get(key)
+        return watch is not None and any(c.mode == "soft_priority" for c, _ in watch.entries)
 
     # ----------------------------------------------------------------- lifecycle
     def tick(self) -> None:
@@ -376,17 +522,30 @@ class ClaimArbiter:
         self._unwatch(claim)
 
     def _unwatch(self, claim: Claim) -> None:
-        for key in set(claim.hashes):
-            entries = self._by_hash.get(key)
-            if entries is None:
+        """Drop an ended claim from every key it binds and from their segments.
+
+        NOTE: the claim's ``gaps`` is kept as it was when it ended: ``end_of_step`` may still
+        judge it (broken earlier in the step), on its counted positions at its end.
+        """
+        gaps = claim.gaps
+        watched = self._watched
+        moved: dict[_Segment, _Segment | None] = {}
+        for key in dict.fromkeys(claim.hashes):
+            watch = watched.get(key)
+            if watch is None:
                 continue
-            entries[:] = [e for e in entries if e[0] is not claim]
-            _store(self._counted, key, [c for c in self._counted.get(key, ()) if c is not claim])
-            _store(self._pinners, key,
-                   [e for e in self._pinners.get(key, ()) if e[0] is not claim])
-            if not entries:
-                del self._by_hash[key]
-                self._resident.pop(key, None)
+            watch.entries = [e for e in watch.entries if e[0] is not claim]
+            if watch.pinners:
+                watch.pinners = [e for e in watch.pinners if e[0] is not claim]
+            old = watch.seg
+            if old is not None and claim in old.claims:
+                if old not in moved:
+                    rest = tuple(c for c in old.claims if c is not claim)
+                    moved[old] = self._segment(rest) if rest else None
+                self._move(watch, old, moved[old])
+            if not watch.entries:
+                del watched[key]
+        claim.gaps = gaps
 
     def forget(self, request_id: str) -> None:
         """A request finished: drop its deferral bookkeeping."""
@@ -512,17 +671,9 @@ class ClaimArbiter:
             self._unpin_cb([block for block, _ in released])
 
     def _check_materialized(self, claim: Claim) -> None:
-        if claim.missing == 0 and not claim.materialized:
+        if claim.gaps == 0 and not claim.materialized:
             claim.materialized = True
             self._emit("claim_materialized", claim_id=claim.decl.claim_id)
-
-
-def _store(view: dict[Hashable, list], key: Hashable, entries: list) -> None:
-    """Keep ``entries`` under ``key``, or drop the key when none is left."""
-    if entries:
-        view[key] = entries
-    else:
-        view.pop(key, None)
 
 
 def _str_or_none(v: Any) -> str | None:

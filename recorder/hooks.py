@@ -14,7 +14,9 @@ NOTE: invariants
   ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
 - per-block work in a hook is C-level passes (``map`` with ``attrgetter``, slices,
   ``list.count`` / ``in``), never a Python loop or a Python call per block, in the usual case;
-- the arbiter is called only for content bound to a claim in force (``arbiter.watched``);
+- the arbiter is called only for content bound to a claim in force (``arbiter.watched``): a
+  hook's list of keys is passed only when one of them is watched (a C-level ``any`` that stops
+  at the first; it ignores every unwatched key anyway);
 - every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
   (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
   ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
@@ -200,7 +202,8 @@ class RecordingBlockPool:
         """One ``block_evicted`` entry for collected losses; tell the arbiter of claimed ones."""
         self.kvc_stage(("block_evicted", len(ids), _now(), _EVICTED, cause, request_id,
                         *ids, *keys))
-        if self.kvc_arbiter.watched:
+        watched = self.kvc_arbiter.watched
+        if watched and any(map(watched.__contains__, keys)):
             # NOTE: kvc_safely inlined (one frame less per loss list); the same failure report
             try:
                 self.kvc_arbiter.on_lost_many(ids, keys)
@@ -274,7 +277,8 @@ class RecordingBlockPool:
                              for p in positions])
         self.kvc_stage(("block_cached", len(ids), _now(), _CACHED, request.request_id,
                         *ids, *keys, *parents, *positions))
-        if self.kvc_arbiter.watched:
+        watched = self.kvc_arbiter.watched
+        if watched and any(map(watched.__contains__, keys)):
             # NOTE: kvc_safely inlined (one frame less per cache step); the same failure report
             try:
                 self.kvc_arbiter.on_resident_many(kept, keys)

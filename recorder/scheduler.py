@@ -349,7 +349,8 @@ class KVClaimsMixin:
             positions = range(len(hits))  # NOTE: the usual case: no per-block Python
         self.kvc_stage(("block_hit", len(ids), _now(), _HIT, request.request_id,
                         *ids, *keys, *positions))
-        if self.kvc_arbiter.watched:
+        watched = self.kvc_arbiter.watched
+        if watched and any(map(watched.__contains__, keys)):
             self.kvc_arbiter.on_resident_many(hits, keys)
 
     def kvc_release_claim(self, claim_id: str, reason: str = "released by the operator") -> bool:

@@ -15,7 +15,8 @@ DOC = REPO / "docs" / "benchmarks.md"
 # NOTE: the sections each script writes (fleet.py and whatif.py write their own, the same way)
 SCRIPT_SECTIONS = {
     "recorder_cost.py": ["recorder_cost"],
-    "recorder_overhead.py": ["recorder_overhead.engine", "recorder_overhead.writer"],
+    "recorder_overhead.py": ["recorder_overhead.engine", "recorder_overhead.writer",
+                             "recorder_overhead.lockstep", "recorder_overhead.claim_path"],
     "reconstruct.py": ["reconstruct."],
     "read_events.py": ["read_events"],
     "listener.py": ["listener"],

@@ -416,3 +416,90 @@ def test_protected_split_counts_other_tenants_blocks_without_naming_them():
     assert arb.protected_split("acme") == (0, 2)
     assert arb.protected_split("other") == (2, 0)
     assert arb.protected_split(None) == (2, 0)
+
+
+# --- shared content: claims counting the same blocks (the arbiter's segments) -----------------
+
+def _nested(rec_first: bool = False) -> tuple[ClaimArbiter, Recorded]:
+    """Claim ``doc`` on [a, b] and claim ``long`` on [a, b, c], all three resident."""
+    arb, rec = arbiter("native")
+    arb.on_request("r1", {"claim_id": "doc"}, [], [b"a", b"b"])
+    arb.on_request("r2", {"claim_id": "long"}, [], [b"a", b"b", b"c"])
+    cache(arb, [b"a", b"b", b"c"], 1)
+    return arb, rec
+
+
+def test_a_loss_of_shared_content_harms_every_claim_counting_it():
+    arb, rec = _nested()
+    arb.on_lost(2, b"b")
+    arb.end_of_step()
+    assert _harmed(rec) == ["doc", "long"]
+
+
+def test_a_loss_of_content_one_claim_counts_harms_only_that_claim():
+    arb, rec = _nested()
+    arb.on_lost(3, b"c")
+    arb.end_of_step()
+    assert _harmed(rec) == ["long"]
+
+
+def test_claims_sharing_a_prefix_materialize_when_their_own_blocks_are_resident():
+    arb, rec = arbiter("native")
+    arb.on_request("r1", {"claim_id": "doc"}, [], [b"a", b"b"])
+    arb.on_request("r2", {"claim_id": "long"}, [], [b"a", b"b", b"c"])
+    cache(arb, [b"a", b"b"], 1)
+    assert [f["claim_id"] for e, f in rec.events if e == "claim_materialized"] == ["doc"]
+
+
+def test_a_claim_whose_sharer_ended_is_still_judged_on_its_own_content():
+    arb, rec = _nested()
+    arb.release("long")
+    arb.on_lost(1, b"a")
+    arb.end_of_step()
+    assert _harmed(rec) == ["doc"]
+
+
+def test_content_only_an_ended_claim_counted_harms_nobody():
+    arb, rec = _nested()
+    arb.release("long")
+    arb.on_lost(3, b"c")
+    arb.end_of_step()
+    assert _harmed(rec) == []
+
+
+def test_a_claim_ended_after_a_loss_broke_it_is_still_reported_at_the_step_end():
+    arb, rec = _nested()
+    arb.on_lost(3, b"c")
+    arb.release("long")
+    arb.end_of_step()
+    assert _harmed(rec) == ["long"]
+
+
+def test_a_claim_repaired_before_it_ended_is_not_reported():
+    arb, rec = _nested()
+    arb.on_lost(3, b"c")
+    arb.on_resident(Block(9), b"c")
+    arb.release("long")
+    arb.end_of_step()
+    assert _harmed(rec) == []
+
+
+def test_a_reset_reports_the_first_resident_content_a_claim_lost():
+    arb, rec = arbiter("native")
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    cache(arb, [b"b", b"a"], 1)  # b's first copy arrived first
+    arb.on_reset()
+    arb.end_of_step()
+    assert [f["block_hash"] for e, f in rec.events if e == "claim_harmed"] == [b"b"]
+
+
+def test_a_reset_after_content_returned_reports_the_earlier_copy():
+    arb, rec = arbiter("native")
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    cache(arb, [b"b", b"a"], 1)
+    arb.on_lost(1, b"b")
+    arb.on_resident(Block(3), b"b")  # b's first copy is now younger than a's
+    arb.end_of_step()
+    arb.on_reset()
+    arb.end_of_step()
+    assert [f["block_hash"] for e, f in rec.events if e == "claim_harmed"] == [b"a"]
