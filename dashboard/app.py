@@ -278,13 +278,7 @@ def page_whatif(audit: data.Pages) -> None:
     else:
         run_id = st.selectbox("Recorded run", runs, key="whatif_run")
         comparison = data.whatif_comparison(audit, run_id)
-        replayed = comparison[comparison["point"] != "recorded"]
-        approx = int((replayed["exact"] != True).sum())  # noqa: E712
-        st.markdown(f"**{_md(run_id)}** beside {len(replayed)} replayed point(s): each "
-                    "replayed through vLLM's scheduler with the recorder and arbiter "
-                    "(`kvclaims whatif`) and audited like a recording"
-                    + (f"; {approx} approximate (see each replay's manifest)." if approx
-                       else "."))
+        st.markdown(f"**{_md(run_id)}** {_md(data.whatif_caption(comparison))}")
         st.dataframe(data.whatif_table(comparison), hide_index=True, width="stretch",
                      height=_height(len(comparison)),
                      column_config={"point": st.column_config.TextColumn(pinned=True)})

@@ -959,6 +959,16 @@ def whatif_table(comparison: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={**TITLES, **lost, "run_id": "run"})
 
 
+def whatif_caption(comparison: pd.DataFrame) -> str:
+    """What the comparison shows, in words the pages put after the recorded run's name: how
+    many replayed points, how they were made, how many are approximate."""
+    replayed = comparison[comparison["point"] != "recorded"]
+    approx = int((replayed["exact"] != True).sum())  # noqa: E712 - NULL is not exact
+    return (f"beside {len(replayed)} replayed point(s), each replayed through vLLM's scheduler "
+            "with the recorder and arbiter (kvclaims whatif) and audited like a recording"
+            + (f"; {approx} approximate (see each replay's manifest)." if approx else "."))
+
+
 #: The what-if chart's metrics: (title, comparison column, unit).
 WHATIF_METRICS: Final[tuple[tuple[str, str, str], ...]] = (
     ("blocks lost as harm", f"lost_{LABEL.harm}", "blocks"),
