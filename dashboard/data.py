@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
@@ -100,9 +101,6 @@ class Pages:
     #: computed what-ifs: replays among the runs and under ``load_audit``'s ``whatif`` paths
     replays: tuple[Replay, ...] = field(default_factory=tuple)
     _explained: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    #: the replays of the audited runs, opened once for every tenant explained (``explanation``):
-    #: empty until then, then that one ``ReplayFacts`` (a list: the dataclass is frozen)
-    _replay_facts: list[ReplayFacts] = field(default_factory=list, repr=False, compare=False)
     _compared: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     _seq_utc: dict[str, pd.Series] = field(default_factory=dict, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -111,6 +109,13 @@ class Pages:
     def run_ids(self) -> list[str]:
         """Every run, in natural run_id order (``-80`` before ``-100``)."""
         return self.runs["run_id"].tolist()
+
+    @cached_property
+    def replay_facts(self) -> ReplayFacts:
+        """The replays of the audited runs, opened on first use and kept: one audit of them
+        for every tenant explained (``explanation``), not one per tenant."""
+        audited = set(self.run_ids)
+        return ReplayFacts([r for r in self.replays if r.source_run_id in audited])
 
 
 Source: TypeAlias = "Pages | Sequence[PathLike]"
@@ -809,11 +814,7 @@ def explanation(source: Source, tenant: str) -> Any:
     a = _audit(source)
     with a._lock:
         if tenant not in a._explained:
-            if not a._replay_facts:
-                audited = set(a.run_ids)
-                a._replay_facts.append(ReplayFacts([r for r in a.replays
-                                                    if r.source_run_id in audited]))
-            a._explained[tenant] = explain(a.facade, tenant, replay_facts=a._replay_facts[0])
+            a._explained[tenant] = explain(a.facade, tenant, replay_facts=a.replay_facts)
         return a._explained[tenant]
 
 
