@@ -34,7 +34,7 @@ from typing import Any, Final
 from kvclaims import queries
 from kvclaims.contract.clock import Clock, clock_anchor, clock_table
 from kvclaims.contract.schema import InputError
-from kvclaims.contract.vocabulary import TABLE_NAMES
+from kvclaims.contract.vocabulary import TABLE_NAMES, sql_string
 from kvclaims.contract.trace_writer import MANIFEST_NAME, file_sha256
 from kvclaims.reconstruct import core, loader
 from kvclaims.reconstruct.core import Tables, write_tables
@@ -225,10 +225,6 @@ def _dataset_source(out: Path, table: str) -> str:
     path = dataset_glob(out, table).replace("'", "''")
     return (f"(SELECT * EXCLUDE (date) FROM read_parquet('{path}', hive_partitioning = true, "
             "union_by_name = true, hive_types = {'date': VARCHAR, 'run_id': VARCHAR}))")
-
-
-def _sql_list(values: Sequence[str]) -> str:
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
 # -- the audit ----------------------------------------------------------------------------------
@@ -500,7 +496,7 @@ def _open_dataset(root: Path, *, runs: Sequence[str] | None, memory_limit: str |
         for table in present:
             if not table.isidentifier():
                 raise InputError(f"{root / table}: not a table name")
-            where = f" WHERE run_id IN ({_sql_list(runs)})" if runs else ""
+            where = f" WHERE run_id IN ({', '.join(map(sql_string, runs))})" if runs else ""
             con.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM "
                         f"{_dataset_source(base, table)}{where}")
         manifests = {rid: json.loads(text) for rid, text in con.execute(

@@ -50,7 +50,7 @@ from kvclaims import queries
 from kvclaims.audit import dataset_tables, open_audit
 from kvclaims.contract.clock import clock_anchor
 from kvclaims.contract.schema import InputError
-from kvclaims.contract.vocabulary import TABLE_NAMES
+from kvclaims.contract.vocabulary import TABLE_NAMES, sql_string
 from kvclaims.reconstruct import loader
 from kvclaims.reconstruct.core import validate_memory_limit
 
@@ -189,10 +189,6 @@ def partition_dir(table_dir: Path, date: str, run_id: str) -> Path:
     return table_dir / f"date={quote(date, safe='')}" / f"run_id={quote(run_id, safe='')}"
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def write_table_partitions(con: Any, table: str, runs: Sequence[FleetRun],
                            table_dir: Path) -> dict[str, int]:
     """Write one table of an audit's connection as ``table_dir/date=…/run_id=…/part-0.parquet``
@@ -219,12 +215,12 @@ def write_table_partitions(con: Any, table: str, runs: Sequence[FleetRun],
         target = partition_dir(table_dir, run.date, run.run_id)
         target.mkdir(parents=True, exist_ok=True)
         con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {table} WHERE run_id = "
-                    f"{_sql_string(run.run_id)}) TO {_sql_string(str(target / PART_NAME))} "
+                    f"{sql_string(run.run_id)}) TO {sql_string(str(target / PART_NAME))} "
                     "(FORMAT parquet, COMPRESSION zstd)")
     else:
         con.execute(f"""
             COPY (SELECT t.*, d.date FROM {table} t JOIN kv_fleet_dates d ON d.run_id = t.run_id)
-            TO {_sql_string(str(table_dir))}
+            TO {sql_string(str(table_dir))}
             (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, run_id), OVERWRITE_OR_IGNORE,
              FILENAME_PATTERN 'part-{{i}}')""")
     return {run.run_id: rows.get(run.run_id, 0) for run in runs}

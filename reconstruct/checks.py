@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from kvclaims.contract.vocabulary import sql_string
+
 
 @dataclass(frozen=True)
 class Check:
@@ -166,14 +168,10 @@ LEGACY_LOWERING: Final[dict[str, str]] = {
 }
 
 
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def checks_values_sql() -> str:
     """``kv_checks`` as a SQL ``VALUES`` list (ord, check, title, needs, needs_engine,
     judges_enforcement)."""
-    rows = [f"({c.ord}, {_sql_str(c.name)}, {_sql_str(c.title)}, {_sql_str(c.needs)}, "
+    rows = [f"({c.ord}, {sql_string(c.name)}, {sql_string(c.title)}, {sql_string(c.needs)}, "
             f"{str(c.needs_engine).lower()}, {str(c.judges_enforcement).lower()})"
             for c in CHECKS]
     return ",\n    ".join(rows)
@@ -185,7 +183,7 @@ def lowering_values_sql() -> str:
     """
     rank = {c.name: i for i, c in enumerate(LOWERING_CLASSES, start=1)}
     words = [(c.name, c.name) for c in LOWERING_CLASSES] + list(LEGACY_LOWERING.items())
-    return ",\n    ".join(f"({_sql_str(w)}, {_sql_str(c)}, {rank[c]})" for w, c in words)
+    return ",\n    ".join(f"({sql_string(w)}, {sql_string(c)}, {rank[c]})" for w, c in words)
 
 
 def checks_markdown() -> str:

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
-                                          TABLE_NAMES, VERDICT_TABLES, fill_sql)
+                                          TABLE_NAMES, VERDICT_TABLES, fill_sql, sql_string)
 from kvclaims.reconstruct import checks, labels
 from kvclaims.contract import policies
 from kvclaims.reconstruct import loader
@@ -552,7 +552,7 @@ def expose_events(con: Any, files: dict[str, Path], folder: str | Path) -> list[
         finally:
             con.unregister("kv_events_in")
         return []
-    listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+    listed = ", ".join(map(sql_string, paths))
     # NOTE: by name: a run sealed by an older schema lacks the columns added since (NULL here)
     con.execute(f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM read_parquet([{listed}], "
                 "union_by_name = true)")

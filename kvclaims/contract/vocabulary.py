@@ -92,13 +92,18 @@ GROUPS: Final[dict[str, tuple[str, ...]]] = {
 _TERM: Final = re.compile(r"\{([a-z_]+)\.([A-Za-z0-9_]+)\}")
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a SQL string literal (quoted, its quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def fill_sql(text: str) -> str:
     """``text`` with every ``{group.term}`` replaced by the quoted term (ValueError if unknown)."""
     def term(m: re.Match[str]) -> str:
         group, name = m.group(1), m.group(2)
         if name not in GROUPS.get(group, ()):
             raise ValueError(f"{{{group}.{name}}}: not a term of the vocabulary")
-        return f"'{name}'"
+        return sql_string(name)
 
     return _TERM.sub(term, text)
 
