@@ -31,6 +31,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+import duckdb
+
 from kvclaims import queries
 from kvclaims.contract.clock import Clock, clock_anchor, clock_table
 from kvclaims.contract.schema import InputError
@@ -58,8 +60,6 @@ def check_read_only(sql: str) -> str:
     NOTE: this is the first of two locks: the connection itself has external access disabled
     and its configuration locked, so even a SELECT cannot read or write files.
     """
-    import duckdb
-
     if not isinstance(sql, str) or not sql.strip():
         raise SQLRefused("refused: no SQL statement given")
     try:
@@ -84,8 +84,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _sql_error(exc: BaseException) -> InputError:
     """A DuckDB error as one line; file access is a refusal, not a bug."""
-    import duckdb
-
     if isinstance(exc, duckdb.PermissionException):
         return SQLRefused("refused: the audit cannot read or write files, attach databases or "
                           "load extensions; query its tables and views")
@@ -260,8 +258,6 @@ class Audit:
     def sql(self, text: str) -> Any:
         """One read-only SELECT over the audit, as a DuckDB relation (``.pl()``, ``.df()``,
         ``.fetchall()``). Anything else raises ``SQLRefused``; a bad query ``InputError``."""
-        import duckdb
-
         check_read_only(text)
         try:
             return self.con.sql(text)
@@ -347,8 +343,6 @@ class Audit:
     def close(self) -> None:
         """Close the connection and remove the temporary database (relations from this audit
         stop working)."""
-        import duckdb
-
         try:
             self.con.close()
         except duckdb.Error:
@@ -404,8 +398,6 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     (``queries/fleet/*.sql``). ``write``, ``write_reconstructed`` and ``summary`` need run
     directories and say so.
     """
-    import duckdb
-
     given = expand_paths(paths)
     datasets = [p for p in given if is_dataset(p)]
     if datasets:
@@ -481,8 +473,6 @@ def _open_dataset(root: Path, *, runs: Sequence[str] | None, memory_limit: str |
     """A fleet dataset as an ``Audit`` (``open_audit``): each table a view over its Parquet
     files (only ``runs``' partitions if given), ``ts`` added where a table lacks it, the
     documented and fleet views, locked down to reading the dataset."""
-    import duckdb
-
     # NOTE: the views scan by absolute path (a later chdir changes nothing); a folder name
     # DuckDB would read as a glob pattern is refused rather than misread
     base = root.resolve()

@@ -29,6 +29,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
+import duckdb
+
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.trace_writer import atomic_output
 import kvclaims
@@ -381,8 +383,6 @@ def emit(rel: Any, args: argparse.Namespace, *, title: str, con: Any = None,
     With ``con`` and ``text`` (the relation's SQL) the query runs under ``--timeout`` and
     its result under ``--max-rows`` / ``--max-bytes`` (one line when exceeded).
     """
-    import duckdb
-
 
     fmt = _format(args)
     timeout = getattr(args, "timeout", None)
@@ -453,8 +453,6 @@ def run_bounded(con: Any, seconds: float | None, work: Callable[[], Any]) -> Any
             worker.join(0.05)
         raise
     if "error" in box:
-        import duckdb
-
         if isinstance(box["error"], duckdb.InterruptException):
             # NOTE: past the deadline it is the timeout; before it, a Ctrl-C reached DuckDB
             if deadline is None or time.monotonic() < deadline:
