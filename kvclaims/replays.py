@@ -23,6 +23,7 @@ from typing import Any
 
 import kvclaims
 from kvclaims.contract.vocabulary import CLAIM_OUTCOME, LABEL, fill_sql
+from kvclaims.contract.schema import InputError
 from kvclaims.reconstruct.loader import find_run_dirs, read_manifest
 
 #: The manifest's ``evidence`` of a run written by a replay.
@@ -102,10 +103,18 @@ def replays_in(audit: Any) -> list[Replay]:
 
 def gather(audit: Any, whatif_paths: Iterable[str | Path] = ()) -> list[Replay]:
     """The computed what-ifs a command shows: those among the audited runs and those under
-    ``whatif_paths`` (``--whatif DIR``), each directory once."""
+    ``whatif_paths`` (``--whatif DIR``), each directory once. ``InputError`` (one line) for a
+    ``--whatif`` path that holds no replay (a recording given there by mistake)."""
     found = replays_in(audit)
     seen = {r.run_dir.resolve() for r in found}
-    return found + [r for r in find_replays(whatif_paths) if r.run_dir.resolve() not in seen]
+    for p in whatif_paths:
+        named = find_replays([p])
+        if not named:
+            raise InputError(f"--whatif {p}: no replayed run there (kvclaims whatif --out "
+                             "writes them)")
+        found += [r for r in named if r.run_dir.resolve() not in seen]
+        seen.update(r.run_dir.resolve() for r in named)
+    return found
 
 
 def replays_of(replays: Iterable[Replay], source_run_id: str) -> list[Replay]:
