@@ -494,7 +494,9 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
         writer = None
         path = own_file(rid)
         try:
-            for batch in loader.read_run(run, note, warn=warn):
+            # NOTE: a verified sealed file stays where it is, so its batches are only checked
+            for batch in loader.read_run(run, note, warn=warn,
+                                         checked_only=entry is not None):
                 total += batch.num_rows
                 if progress is not None:
                     progress(batch.num_rows)

@@ -67,6 +67,11 @@ class Hole:
     message: str
 
 
+# What checking a batch reads: the envelope and every range-checked column. A sealed file
+# verified whole against its manifest's SHA-256 is checked on these alone when its batches
+# are not kept (``read_run(checked_only=True)``): the checksum already covers every byte.
+CHECKED_COLUMNS: Final[tuple[str, ...]] = tuple(dict.fromkeys((*ENVELOPE, *VALUE_RANGES)))
+
 # Every hole reported since the last ``take_reported_holes()`` (the CLI's exit status 3).
 _REPORTED: list[Hole] = []
 
@@ -824,14 +829,18 @@ def parquet_file(path: str | Path, **options: Any) -> Any:
     return pq.ParquetFile(str(path), pre_buffer=False, **options)
 
 
-def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+def read_sealed(run: RunDir, sealed: dict[str, Any], *,
+                checked_only: bool = False) -> Iterator[pa.RecordBatch]:
     """Yield the batches of a run's ``events.parquet`` (checked like segment batches).
 
     Raises ``TraceError`` when it disagrees with the manifest, and pyarrow/OS errors for a
     damaged file (page checksums are verified); ``read_run`` then falls back to the segments.
+    ``checked_only``: a file verified against the manifest's SHA-256 yields only
+    ``CHECKED_COLUMNS`` (the rest is not decoded); an unverified one is read whole regardless.
     """
     path = run.path / SEALED_NAME
-    if sealed_verified(sealed):
+    verified = sealed_verified(sealed)
+    if verified:
         verify_sealed(path, sealed)
     else:
         open_regular_check(path)
@@ -844,6 +853,13 @@ def read_sealed(run: RunDir, sealed: dict[str, Any]) -> Iterator[pa.RecordBatch]
     current = schema.equals(EVENTS_SCHEMA, check_metadata=False)
     if not current and not _older_sealed_schema(schema, run.manifest.get("schema_version")):
         raise TraceError(f"{path}: schema differs from the events schema")
+    if checked_only and verified:
+        present = set(schema.names)
+        columns = [c for c in CHECKED_COLUMNS if c in present]
+        for batch in pf.iter_batches(batch_size=1 << 16, columns=columns):
+            check_ranges(batch, str(path))
+            yield batch
+        return
     for batch in pf.iter_batches(batch_size=1 << 16):
         # NOTE: a run sealed by an older schema lacks the columns added since (read as null)
         batch = pa.RecordBatch.from_arrays(batch.columns, schema=EVENTS_SCHEMA) if current \
@@ -864,7 +880,7 @@ def _older_sealed_schema(schema: pa.Schema, version: Any) -> bool:
 
 def read_run(run: RunDir, report: Callable[[str], None],
              on_hole: Callable[[Hole], None] | None = None, *,
-             sealed: bool = True,
+             sealed: bool = True, checked_only: bool = False,
              warn: Callable[[str], None] | None = None) -> Iterator[pa.RecordBatch]:
     """Yield a run's decoded, checked batches in seq order.
 
@@ -875,7 +891,8 @@ def read_run(run: RunDir, report: Callable[[str], None],
     last segment, a damaged batch, a segment lacking a required column, a missing head (the run
     does not start with ``run_started`` at seq 0) or a missing tail (a complete run that ends
     before its manifest says). ``warn`` (default ``report``) gets what is no hole: a damaged
-    sealed copy whose segments deliver every event instead.
+    sealed copy whose segments deliver every event instead. ``checked_only``: the caller
+    keeps no batch of a verified sealed file (``read_sealed``); segment batches are whole.
     """
     warn = warn or report
     if run.recorded_run_id is not None:
@@ -884,7 +901,8 @@ def read_run(run: RunDir, report: Callable[[str], None],
                           run.segments)
         alias_hole = (None if on_hole is None else
                       (lambda h: on_hole(dataclasses.replace(h, run_id=run.run_id))))
-        for batch in read_run(recorded, report, alias_hole, sealed=sealed, warn=warn):
+        for batch in read_run(recorded, report, alias_hole, sealed=sealed,
+                              checked_only=checked_only, warn=warn):
             yield _relabel(batch, run.run_id)
         return
     skip_through: int | None = None
@@ -892,7 +910,7 @@ def read_run(run: RunDir, report: Callable[[str], None],
     if entry is not None:
         prev_sealed: int | None = None
         try:
-            for batch in read_sealed(run, entry):
+            for batch in read_sealed(run, entry, checked_only=checked_only):
                 if batch.num_rows == 0:
                     continue
                 if prev_sealed is None:
