@@ -34,19 +34,21 @@ COMPARED = core.TABLE_NAMES + ("lowering",)
 
 
 class TimedConnection:
-    """A DuckDB connection whose ``execute`` records (stage, statement target, seconds)."""
+    """A DuckDB connection whose ``execute`` records (stage, statement target, wall seconds,
+    CPU seconds). NOTE: CPU is the process's (every DuckDB thread): on a shared machine the
+    wall time of a statement says more about its neighbours than about it."""
 
     def __init__(self, con: Any) -> None:
         self._con = con
         self.stage = "01_runs.sql"
-        self.times: list[tuple[str, str, float]] = []
+        self.times: list[tuple[str, str, float, float]] = []
 
     def execute(self, sql: str, *args: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = self._con.execute(sql, *args)
         m = _TARGET_RE.search(sql)
         self.times.append((self.stage, m.group(1) if m else sql.split()[0].lower(),
-                           time.perf_counter() - t0))
+                           time.perf_counter() - t0, time.process_time() - c0))
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -92,22 +94,26 @@ def time_stages(paths: list[Path], work: Path) -> tuple[Any, TimedConnection, in
     return con, timed, n, tmp
 
 
-def report(timed: TimedConnection, only: list[str]) -> dict[str, float]:
-    """Print statement and stage seconds; return seconds per stage."""
-    per_stage: dict[str, float] = {}
-    for stage, _target, s in timed.times:
-        per_stage[stage] = per_stage.get(stage, 0.0) + s
+def report(timed: TimedConnection, only: list[str]) -> dict[str, tuple[float, float]]:
+    """Print statement and stage seconds (wall, CPU); return them per stage."""
+    per_stage: dict[str, tuple[float, float]] = {}
+    for stage, _target, s, c in timed.times:
+        w0, c0 = per_stage.get(stage, (0.0, 0.0))
+        per_stage[stage] = (w0 + s, c0 + c)
     for stage in core.STAGES:
         if only and not any(stage.startswith(p) for p in only):
             continue
-        targets: dict[str, float] = {}  # NOTE: the pass inserts per window: summed per target
-        for st, target, s in timed.times:
+        # NOTE: the pass inserts per window: summed per target
+        targets: dict[str, tuple[float, float]] = {}
+        for st, target, s, c in timed.times:
             if st == stage:
-                targets[target] = targets.get(target, 0.0) + s
-        print(f"  {stage:20s} {per_stage.get(stage, 0.0):7.3f} s", flush=True)
-        for target, s in sorted(targets.items(), key=lambda r: -r[1]):
-            if s >= 0.005:
-                print(f"      {target:28s} {s:7.3f} s")
+                w0, c0 = targets.get(target, (0.0, 0.0))
+                targets[target] = (w0 + s, c0 + c)
+        w, c = per_stage.get(stage, (0.0, 0.0))
+        print(f"  {stage:20s} {w:7.3f} s  {c:7.3f} CPU-s", flush=True)
+        for target, (s, c) in sorted(targets.items(), key=lambda r: -r[1][1]):
+            if s >= 0.005 or c >= 0.005:
+                print(f"      {target:28s} {s:7.3f} s  {c:7.3f} CPU-s")
     return per_stage
 
 
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     only = [p for p in args.stages.split(",") if p]
     ok = True
-    seconds: dict[str, dict[str, float]] = {}
+    seconds: dict[str, dict[str, tuple[float, float]]] = {}
     for shape in args.shapes.split(","):
         print(f"{shape} ({args.events:,} events)", flush=True)
         paths = shape_paths(work, shape, args.events)
@@ -160,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             per_stage = report(timed, only)
             seconds[shape] = per_stage
-            print(f"  total 05-07: {sum(s for k, s in per_stage.items() if k >= '05'):.3f} s; "
-                  f"all stages: {sum(per_stage.values()):.3f} s", flush=True)
+            late = [v for k, v in per_stage.items() if k >= "05"]
+            print(f"  total 05-08: {sum(w for w, _ in late):.3f} s "
+                  f"{sum(c for _, c in late):.3f} CPU-s; all stages: "
+                  f"{sum(w for w, _ in per_stage.values()):.3f} s "
+                  f"{sum(c for _, c in per_stage.values()):.3f} CPU-s", flush=True)
             if args.save or args.compare:
                 ok &= save_or_compare(con, Path(args.save or args.compare) / shape,
                                       save=bool(args.save))
@@ -172,16 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def stage_table(seconds: dict[str, dict[str, float]], events: int) -> str:
-    """Wall seconds per stage (rows) and shape (columns), with the totals, as Markdown."""
+def stage_table(seconds: dict[str, dict[str, tuple[float, float]]], events: int) -> str:
+    """Wall and CPU seconds per stage (rows) and shape (columns), with the totals, as Markdown."""
     shapes = list(seconds)
-    rows = [[stage, *(f"{seconds[s].get(stage, 0.0):.3f}" for s in shapes)]
+
+    def cell(pairs: list[tuple[float, float]]) -> str:
+        return f"{sum(w for w, _ in pairs):.3f} / {sum(c for _, c in pairs):.3f}"
+
+    rows = [[stage, *(cell([seconds[s].get(stage, (0.0, 0.0))]) for s in shapes)]
             for stage in core.STAGES]
-    rows.append(["total 05-07", *(f"{sum(v for k, v in seconds[s].items() if k >= '05'):.3f}"
+    rows.append(["total 05-08", *(cell([v for k, v in seconds[s].items() if k >= "05"])
                                   for s in shapes)])
-    rows.append(["all stages", *(f"{sum(seconds[s].values()):.3f}" for s in shapes)])
+    rows.append(["all stages", *(cell(list(seconds[s].values())) for s in shapes)])
     return _report.markdown_table(
-        ["stage (wall s)", *(f"{s} ({events:,} events)" for s in shapes)], rows)
+        ["stage (wall s / CPU-s)", *(f"{s} ({events:,} events)" for s in shapes)], rows)
 
 
 if __name__ == "__main__":

@@ -2,32 +2,51 @@
 -- Inputs: view `events` (loader schema, plain strings), table `kv_manifest`
 -- (run_id, policy, usable_blocks, truncated, evidence) and table `kv_policies` (policy, enforce).
 
+-- NOTE: two scans of `events`, each decoding only what it reads: seqs and the first event
+-- (three columns, every row) and the run-level kinds' facts (their columns, filtered on
+-- `event` in the scan). One scan with FILTER aggregates decodes every column it names for
+-- every row, block events included: up to twice the CPU (benchmarks/stages.py).
 CREATE OR REPLACE TEMP TABLE kv_ev_runs AS
-SELECT
-    run_id,
-    min(seq) AS first_seq,
-    max(seq) AS last_seq,
-    arg_min(event, seq) AS first_event,
-    count(*) AS n_events,
-    arg_min(policy, seq) FILTER (WHERE event = {event.run_started}) AS started_policy,
-    arg_min(usable_blocks, seq) FILTER (WHERE event = {event.run_started}) AS started_usable,
-    arg_min(block_size, seq) FILTER (WHERE event = {event.run_started}) AS block_size,
-    arg_min(schema_version, seq) FILTER (WHERE event = {event.run_started}) AS schema_version,
-    arg_min(runtime, seq) FILTER (WHERE event = {event.run_started}) AS started_runtime,
-    arg_min(recorder_version, seq) FILTER (WHERE event = {event.run_started}) AS started_recorder,
-    -- fail-open marks: enforcement from the first hook failure on is unknown (docs/conformance.md)
-    min(seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_seq,
-    arg_min(hook, seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_hook,
-    arg_min(error_type, seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_error,
-    count(*) FILTER (WHERE event = {event.hook_failed}) AS n_hook_failures,
-    -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
-    min(least(seq, first_seq)) FILTER (WHERE event = {event.recorder_gap}) AS gap_seq,
-    count(*) FILTER (WHERE event = {event.recorder_gap}) AS n_gaps,
-    count(*) FILTER (WHERE event = {event.run_finished}) > 0 AS finished,
-    max(events_written) FILTER (WHERE event = {event.run_finished}) AS events_written,
-    max(events_dropped) FILTER (WHERE event = {event.run_finished}) AS events_dropped
-FROM events
-GROUP BY run_id;
+WITH s AS (
+    SELECT run_id, min(seq) AS first_seq, max(seq) AS last_seq,
+           arg_min(event, seq) AS first_event, count(*) AS n_events
+    FROM events
+    GROUP BY run_id
+), k AS (
+    SELECT
+        run_id,
+        arg_min(policy, seq) FILTER (WHERE event = {event.run_started}) AS started_policy,
+        arg_min(usable_blocks, seq) FILTER (WHERE event = {event.run_started}) AS started_usable,
+        arg_min(block_size, seq) FILTER (WHERE event = {event.run_started}) AS block_size,
+        arg_min(schema_version, seq) FILTER (WHERE event = {event.run_started}) AS schema_version,
+        arg_min(runtime, seq) FILTER (WHERE event = {event.run_started}) AS started_runtime,
+        arg_min(recorder_version, seq) FILTER (WHERE event = {event.run_started})
+            AS started_recorder,
+        -- fail-open marks: enforcement from the first hook failure on is unknown
+        -- (docs/conformance.md)
+        min(seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_seq,
+        arg_min(hook, seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_hook,
+        arg_min(error_type, seq) FILTER (WHERE event = {event.hook_failed}) AS hook_failed_error,
+        count(*) FILTER (WHERE event = {event.hook_failed}) AS n_hook_failures,
+        -- NOTE: a gap's hole starts at its first dropped seq, which precedes the gap event
+        min(least(seq, first_seq)) FILTER (WHERE event = {event.recorder_gap}) AS gap_seq,
+        count(*) FILTER (WHERE event = {event.recorder_gap}) AS n_gaps,
+        count(*) FILTER (WHERE event = {event.run_finished}) > 0 AS finished,
+        max(events_written) FILTER (WHERE event = {event.run_finished}) AS events_written,
+        max(events_dropped) FILTER (WHERE event = {event.run_finished}) AS events_dropped
+    FROM events
+    WHERE event IN ({event.run_started}, {event.hook_failed}, {event.recorder_gap},
+                    {event.run_finished})
+    GROUP BY run_id
+)
+-- NOTE: a run without any of those kinds has no row in k: its counts are 0, not NULL
+SELECT s.run_id, s.first_seq, s.last_seq, s.first_event, s.n_events,
+       k.started_policy, k.started_usable, k.block_size, k.schema_version, k.started_runtime,
+       k.started_recorder, k.hook_failed_seq, k.hook_failed_hook, k.hook_failed_error,
+       coalesce(k.n_hook_failures, 0) AS n_hook_failures, k.gap_seq,
+       coalesce(k.n_gaps, 0) AS n_gaps, coalesce(k.finished, false) AS finished,
+       k.events_written, k.events_dropped
+FROM s LEFT JOIN k ON k.run_id IS NOT DISTINCT FROM s.run_id;
 
 -- The first seq missing without a recorder_gap, for each run whose seqs are not dense
 -- (only such runs pay for the sort; the recorder writes dense seqs).

@@ -309,24 +309,36 @@ WITH f AS (
                   'reported {}{}', x.event, x.request_id, x.seq, x.figure, x.rebuilt, x.reported,
                   CASE WHEN x.enforcing THEN ''
                        ELSE format(' (policy {} enforces no claim: expected)', x.policy) END)
-    FROM (SELECT f.run_id, f.seq, f.event, f.request_id, f.enforcing, f.policy, t.figure,
-                 t.rebuilt, t.reported
-          FROM feasibility f
-          JOIN kv_runs r ON r.run_id = f.run_id
-          CROSS JOIN LATERAL (VALUES
-              ('protected blocks', f.protected_blocks::VARCHAR,
-               f.runtime_protected_blocks::VARCHAR),
-              ('required', f.required_blocks::VARCHAR, f.runtime_required_blocks::VARCHAR),
-              ('shortfall', f.shortfall_blocks::VARCHAR, f.runtime_shortfall_blocks::VARCHAR),
-              ('blocking claims',
-               CASE WHEN f.event IN ({event.request_deferred}, {event.request_refused})
-                    THEN array_to_string(f.protected_claim_ids, ',') END,
-               CASE WHEN f.event IN ({event.request_deferred}, {event.request_refused})
-                    THEN array_to_string(list_sort(list_distinct(
-                             coalesce(f.blocking_claim_ids, []::VARCHAR[]))), ',') END)
-          ) t(figure, rebuilt, reported)
-          WHERE t.rebuilt IS NOT NULL AND t.reported IS NOT NULL AND t.rebuilt <> t.reported
-            AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)) x
+    FROM (SELECT run_id, seq, event, request_id, enforcing, policy, t.figure, t.rebuilt,
+                 t.reported
+          -- NOTE: each decision's figures as a list of structs, unnested: a LATERAL VALUES
+          -- over feasibility's columns is decorrelated by grouping feasibility on every
+          -- column it reads (lists included), which cost more than the rest of the findings
+          FROM (SELECT f.run_id, f.seq, f.event, f.request_id, f.enforcing, f.policy,
+                       unnest([
+                           {'figure': 'protected blocks',
+                            'rebuilt': f.protected_blocks::VARCHAR,
+                            'reported': f.runtime_protected_blocks::VARCHAR},
+                           {'figure': 'required', 'rebuilt': f.required_blocks::VARCHAR,
+                            'reported': f.runtime_required_blocks::VARCHAR},
+                           {'figure': 'shortfall', 'rebuilt': f.shortfall_blocks::VARCHAR,
+                            'reported': f.runtime_shortfall_blocks::VARCHAR},
+                           {'figure': 'blocking claims',
+                            'rebuilt': CASE WHEN f.event IN ({event.request_deferred},
+                                                             {event.request_refused})
+                                            THEN array_to_string(f.protected_claim_ids, ',')
+                                       END,
+                            'reported': CASE WHEN f.event IN ({event.request_deferred},
+                                                              {event.request_refused})
+                                             THEN array_to_string(list_sort(list_distinct(
+                                                      coalesce(f.blocking_claim_ids,
+                                                               []::VARCHAR[]))), ',')
+                                        END}]) AS t
+                FROM feasibility f
+                JOIN kv_runs r ON r.run_id = f.run_id
+                WHERE f.seq < coalesce(r.unknown_from_seq, f.seq + 1))
+          WHERE t.rebuilt IS NOT NULL AND t.reported IS NOT NULL
+            AND t.rebuilt <> t.reported) x
     UNION ALL
     -- what vLLM told the client it served from cache vs the prefix hit the trace shows
     SELECT q.run_id, 'cached_tokens_mismatch', {severity.disagreement}, q.finished_seq,
