@@ -19,9 +19,9 @@ NOTE: invariants
   at the first; it ignores every unwatched key anyway);
 - every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
   (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
-  ``pop``, the free queue's ``popleft_n``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
-  function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
-  proxy object on every call.
+  ``pop``, the free queue's ``popleft_n``) call vLLM's own method through a ``kvc_base_*``
+  class attribute (the base class's function, set by ``install`` / ``kvc_watch_index``) rather
+  than ``super()``, which builds a proxy object on every call.
 """
 
 from __future__ import annotations
@@ -489,15 +489,16 @@ def install(scheduler: KVClaimsMixin) -> None:
     null = getattr(pool, "null_block", None)
     pool.kvc_null_id = null.block_id if null is not None else -1
     pool.kvc_hash = _hash_getter(type(null) if null is not None else object)
-    queue = pool.free_block_queue
-    queue.__class__ = recording_class(type(queue), RecordingFreeQueue, ("popleft_n",))
-    queue.kvc_hash = pool.kvc_hash
     # NOTE: the fast ``get_new_blocks`` path needs vLLM to take an allocation's blocks with one
     # ``popleft_n`` call; it is left whenever a block holds partial entries, i.e. while vLLM's
     # ``cached_block_hashes_by_block`` is non-empty (that dict is cleared in place, never
     # rebound; a vLLM without it has no partial entries). Any other layout: key by key always.
     code = getattr(type(pool).kvc_base_get_new_blocks, "__code__", None)
-    if "popleft_n" in getattr(code, "co_names", ()):
+    queue = pool.free_block_queue
+    if "popleft_n" in getattr(code, "co_names", ()) \
+            and callable(getattr(queue, "popleft_n", None)):
+        queue.__class__ = recording_class(type(queue), RecordingFreeQueue, ("popleft_n",))
+        queue.kvc_hash = pool.kvc_hash
         pool.kvc_keyed = getattr(pool, "cached_block_hashes_by_block", {})
     else:
         pool.kvc_keyed = True
