@@ -19,15 +19,14 @@ NOTE: invariants
   at the first; it ignores every unwatched key anyway);
 - every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
   (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
-  ``pop``, the free queue's ``popleft_n``) call vLLM's own method through a ``kvc_base_*``
-  class attribute (the base class's function, set by ``install`` / ``kvc_watch_index``) rather
-  than ``super()``, which builds a proxy object on every call.
+  ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
+  function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
+  proxy object on every call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import compress
 from operator import attrgetter
 from time import monotonic_ns as _now
 from typing import TYPE_CHECKING, Any
@@ -46,9 +45,8 @@ _CACHED = layout(("request_id",), ("block_id", "block_hash", "parent_hash", "pos
 HIT = layout(("request_id",), ("block_id", "block_hash", "position"))  # the scheduler's
 def recording_class(base: type, mixin: type, names: Sequence[str]) -> type:
     """``mixin`` over ``base`` (vLLM's class), vLLM's methods ``names`` kept as ``kvc_base_*``
-    class attributes and ``base`` as ``kvc_base_class``."""
+    class attributes."""
     ns: dict[str, Any] = {f"kvc_base_{n}": getattr(base, n) for n in names}
-    ns["kvc_base_class"] = base
     return type(f"Recording{base.__name__}", (mixin, base), ns)
 
 
@@ -98,9 +96,7 @@ class RecordingHashIndex:
 
     NOTE: vLLM removes a cached block's content only through ``pop``, so every loss passes
     here once per evicted key, and blocks without content cost nothing (hooking
-    ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block),
-    except during the pool's ``get_new_blocks`` fast path, which runs the index as vLLM's own
-    class and knows its losses from the free queue's ``popleft_n`` hook.
+    ``_maybe_evict_cached_block`` instead would add a Python frame to every allocated block).
     ``kvc_sink`` says what a successful pop means: None, a loss to report now (an explicit
     eviction, e.g. a Mamba checkpoint slot); a ``(block ids, keys)`` pair of lists, a loss to
     collect (the pool's hook stages the whole list as one entry); False, not a loss (vLLM moving
@@ -125,25 +121,6 @@ class RecordingHashIndex:
         return block
 
 
-class RecordingFreeQueue:
-    """Mixin over vLLM's ``FreeKVCacheBlockQueue``: the content of the blocks handed out.
-
-    NOTE: vLLM's ``get_new_blocks`` takes its blocks with one ``popleft_n`` call (its only
-    caller) and only then evicts their cached content; ``kvc_popped`` is the ``block_hash`` of
-    each block of the last ``popleft_n``, read there in one C-level pass (None: no content),
-    for the pool's ``get_new_blocks`` hook. One Python frame per allocation, none per block.
-    """
-
-    kvc_hash: Any  # the pool's hash getter
-    kvc_popped: list = []  # noqa: RUF012 - replaced, never mutated
-    kvc_base_popleft_n: Any
-
-    def popleft_n(self, n: int) -> list:
-        blocks = self.kvc_base_popleft_n(n)
-        self.kvc_popped = list(map(self.kvc_hash, blocks))
-        return blocks
-
-
 class RecordingBlockPool:
     """Mixin over ``vllm.v1.core.block_pool.BlockPool``.
 
@@ -160,11 +137,6 @@ class RecordingBlockPool:
     kvc_null_id: int
     kvc_hash: Any
     kvc_request_id: str | None = None
-    # truthy when an allocation's losses must be collected key by key (``install``)
-    kvc_keyed: Any
-    # the index's recording class and vLLM's own (``kvc_watch_index``)
-    kvc_index_hooked: type
-    kvc_index_plain: type
     # vLLM's methods, class attributes set by ``install`` (called bound, without super())
     kvc_base_get_new_blocks: Any
     kvc_base_cache_full_blocks: Any
@@ -177,41 +149,6 @@ class RecordingBlockPool:
             self.kvc_sched.kvc_safely(_defer_soft_claimed,
                                       self.free_block_queue,  # type: ignore[attr-defined]
                                       num_blocks, arbiter.is_soft_claimed)
-        if self.kvc_keyed:
-            return self.kvc_get_new_blocks_keyed(num_blocks)
-        # NOTE: no block holds a partial prefix-cache entry (``kvc_keyed`` is empty), so vLLM's
-        # eviction of a block handed out here (``_maybe_evict_cached_block``) pops exactly its
-        # ``block_hash``, and that pop succeeds (vLLM sets a block's hash and indexes it together in
-        # ``_insert_block_hash``, and un-indexes it and resets the hash together in
-        # ``_remove_cached_block_hashes``). The queue's ``popleft_n`` hook read those hashes
-        # before vLLM reset them, so the losses are known without the index's ``pop`` hook:
-        # the index runs as vLLM's own class for the call (no Python frame per evicted block).
-        index = self.cached_block_hash_to_block
-        hooked = index.__class__
-        if hooked is self.kvc_index_hooked:
-            index.__class__ = self.kvc_index_plain
-        try:
-            blocks = self.kvc_base_get_new_blocks(num_blocks)
-        finally:
-            index.__class__ = hooked
-        try:
-            request_id = self.kvc_request_id
-            keys = self.free_block_queue.kvc_popped  # type: ignore[attr-defined]
-            if keys.count(None) != len(keys):
-                # NOTE: a key is never empty (the digest and a 4-byte group id), so its truth
-                # value says whether the block held content: C-level ``compress`` / ``filter``
-                self.kvc_report_lost(list(compress(map(_BLOCK_ID, blocks), keys)),
-                                     list(filter(None, keys)), "allocation", request_id)
-            if blocks:
-                self.kvc_stage(("block_allocated", len(blocks), _now(), _ALLOCATED,
-                                request_id, *map(_BLOCK_ID, blocks)))
-        except Exception as exc:  # noqa: BLE001
-            self.kvc_sched.kvc_failed("get_new_blocks", exc)
-        return blocks
-
-    def kvc_get_new_blocks_keyed(self, num_blocks: int) -> list:
-        """``get_new_blocks`` while some block holds partial prefix-cache entries: the losses
-        collected key by key by the index's ``pop`` hook (a block may lose several keys)."""
         index = self.cached_block_hash_to_block
         lost_ids: list[int] = []
         lost_keys: list[bytes] = []
@@ -286,8 +223,6 @@ class RecordingBlockPool:
         if not isinstance(index, RecordingHashIndex):
             index.__class__ = recording_class(type(index), RecordingHashIndex, ("pop",))
         index.kvc_pool = self
-        self.kvc_index_hooked = index.__class__
-        self.kvc_index_plain = index.kvc_base_class
 
     def cache_full_blocks(self, request: Any, blocks: list, num_cached_blocks: int,
                           num_full_blocks: int, block_size: int, kv_cache_group_id: int,
@@ -489,19 +424,6 @@ def install(scheduler: KVClaimsMixin) -> None:
     null = getattr(pool, "null_block", None)
     pool.kvc_null_id = null.block_id if null is not None else -1
     pool.kvc_hash = _hash_getter(type(null) if null is not None else object)
-    # NOTE: the fast ``get_new_blocks`` path needs vLLM to take an allocation's blocks with one
-    # ``popleft_n`` call; it is left whenever a block holds partial entries, i.e. while vLLM's
-    # ``cached_block_hashes_by_block`` is non-empty (that dict is cleared in place, never
-    # rebound; a vLLM without it has no partial entries). Any other layout: key by key always.
-    code = getattr(type(pool).kvc_base_get_new_blocks, "__code__", None)
-    queue = pool.free_block_queue
-    if "popleft_n" in getattr(code, "co_names", ()) \
-            and callable(getattr(queue, "popleft_n", None)):
-        queue.__class__ = recording_class(type(queue), RecordingFreeQueue, ("popleft_n",))
-        queue.kvc_hash = pool.kvc_hash
-        pool.kvc_keyed = getattr(pool, "cached_block_hashes_by_block", {})
-    else:
-        pool.kvc_keyed = True
     manager.kvc_pool = pool
     manager.kvc_admission_states = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
     pool.kvc_watch_index()

@@ -1,9 +1,8 @@
 """An allocation's evictions are recorded key by key: one ``block_evicted`` row per content lost.
 
-The recorder reads the content of the blocks an allocation takes from vLLM's free queue
-(``popleft_n``) while no block holds a partial prefix-cache entry, and collects the keys vLLM's
-index pops otherwise (a block with a partial entry loses several keys at once). Both are driven
-here on vLLM's real ``BlockPool`` inside the recorder's scheduler, built by vLLM's own test helper
+vLLM removes a cached block's content through its prefix-cache index (``pop``, once per key), and
+a block that also holds a partial prefix-cache entry loses several keys at once. Driven here on
+vLLM's real ``BlockPool`` inside the recorder's scheduler, built by vLLM's own test helper
 (``create_scheduler``, fetched by ``tests/upstream/vllm_upstream.py``), with no engine.
 """
 

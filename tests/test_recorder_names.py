@@ -17,7 +17,6 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.block_pool import BlockHashToBlockMap, BlockPool  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
-from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
@@ -30,7 +29,6 @@ OVERRIDES = {
     "pool": {"get_new_blocks", "evict_blocks", "move_block_hashes", "cache_full_blocks",
              "free_blocks", "reset_prefix_cache"},
     "index": {"pop"},
-    "queue": {"popleft_n"},
     "manager": {"allocate_slots", "free"},
 }
 
@@ -87,7 +85,6 @@ CASES = [
     ("pool", (hooks.RecordingBlockPool,), (BlockPool,), inspect.getsource(hooks.install)),
     ("manager", (hooks.RecordingKVCacheManager,), (KVCacheManager,), ""),
     ("index", (hooks.RecordingHashIndex,), (BlockHashToBlockMap,), ""),
-    ("queue", (hooks.RecordingFreeQueue,), (FreeKVCacheBlockQueue,), ""),
 ]
 
 
@@ -105,8 +102,7 @@ def test_every_added_name_is_kvc_prefixed_or_an_intended_override(kind, ours, th
 
 @pytest.mark.parametrize("kind, theirs", [("scheduler", (Scheduler,)), ("pool", (BlockPool,)),
                                           ("manager", (KVCacheManager,)),
-                                          ("index", (BlockHashToBlockMap,)),
-                                          ("queue", (FreeKVCacheBlockQueue,))])
+                                          ("index", (BlockHashToBlockMap,))])
 def test_intended_overrides_are_real_vllm_methods(kind, theirs):
     assert OVERRIDES[kind] - {"__init__", "__new__"} <= vllm_names(*theirs)
 
