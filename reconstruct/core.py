@@ -9,7 +9,8 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 ``03_pass``             the labelling pass, Python, no SQL file: one ordered, compiled pass per
                        run (``reconstruct/labels.py``): losses, labels, predicates, pool
                        snapshots (``PASS_TABLES``)
-``04_labels.sql``      ``losses`` and ``loss_claims`` (one row per loss x bound claim instance)
+``04_labels.sql``      ``losses`` (``loss_claims``, one row per loss x bound claim instance,
+                       is the pass's own output)
 ``05_feasibility.sql`` ``feasibility``, rebuilt from the pass's pool snapshots
 ``06_outcomes.sql``    ``claims``, ``requests``
 ``07_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
@@ -61,8 +62,8 @@ STAGES: Final[tuple[str, ...]] = (
 #                       repaired_in_step, reported_hash, held_hash, bound, pinned_in_force
 #                       (a pinning instance in force), covered / covered_harm (a bound
 #                       instance accepted before it; one labelling it harm)
-#   kv_loss_pairs       (loss, bound claim instance): seq, claim_seq, position, label,
-#                       decided_by_seq, predicate_before, predicate_after, broken_seq, step, ...
+#   loss_claims         (loss, bound claim instance), in its final shape (the reconstructed
+#                       table; labels.LOSS_CLAIMS_DDL), the instance facts from kv_claim_facts
 #   kv_pred             interval where an instance's predicate holds: run_id, claim_id,
 #                       claim_seq, from_seq, to_seq (NULL: still holds at the end of the run)
 #   kv_materialized     materialized instance: run_id, claim_id, claim_seq, materialized_seq
@@ -364,7 +365,8 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
         con.unregister(name)
     for stage in STAGES:
         if stage == PASS_STAGE:  # the labelling pass (numba, streamed): reconstruct/labels.py
-            labels.build(con, sources=None if sources is None else _file_batches(sources))
+            labels.build(con, sources=None if sources is None else _file_batches(sources),
+                         persist=persist)
             if progress is not None:
                 progress(stage)
             continue
