@@ -9,7 +9,8 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 ``03_pass``             the labelling pass, Python, no SQL file: one ordered, compiled pass per
                        run (``reconstruct/labels.py``): losses, labels, predicates, pool
                        snapshots (``PASS_TABLES``)
-``04_labels.sql``      ``losses`` and ``loss_claims`` (one row per loss x bound claim instance)
+``04_labels.sql``      ``losses`` (``loss_claims``, one row per loss x bound claim instance,
+                       is the pass's own output)
 ``05_feasibility.sql`` ``feasibility``, rebuilt from the pass's pool snapshots
 ``06_outcomes.sql``    ``claims``, ``requests``
 ``07_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
@@ -61,8 +62,8 @@ STAGES: Final[tuple[str, ...]] = (
 #                       repaired_in_step, reported_hash, held_hash, bound, pinned_in_force
 #                       (a pinning instance in force), covered / covered_harm (a bound
 #                       instance accepted before it; one labelling it harm)
-#   kv_loss_pairs       (loss, bound claim instance): seq, claim_seq, position, label,
-#                       decided_by_seq, predicate_before, predicate_after, broken_seq, step, ...
+#   loss_claims         (loss, bound claim instance), in its final shape (the reconstructed
+#                       table; labels.LOSS_CLAIMS_DDL), the instance facts from kv_claim_facts
 #   kv_pred             interval where an instance's predicate holds: run_id, claim_id,
 #                       claim_seq, from_seq, to_seq (NULL: still holds at the end of the run)
 #   kv_materialized     materialized instance: run_id, claim_id, claim_seq, materialized_seq
@@ -167,11 +168,17 @@ def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
+# How the reconstructed tables are written. NOTE: no Parquet dictionary pages: hashing every
+# value to build them was the writer's largest cost, and zstd compresses the repeated values
+# (run ids, labels, causes) as well, so the files come out smaller; the content is the same.
+WRITE_OPTIONS: Final[dict[str, Any]] = {"compression": "zstd", "use_dictionary": False}
+
+
 def write_tables(con: Any, names: Sequence[str], out_dir: str | Path, *,
                  run_id: str | None = None) -> list[Path]:
-    """Write tables of ``con`` as ``OUT_DIR/<name>.parquet`` (zstd), ``run_id``'s rows only if
-    given. Batches stream through pyarrow: memory stays bounded and DuckDB needs no file
-    access (the audit connection has it disabled)."""
+    """Write tables of ``con`` as ``OUT_DIR/<name>.parquet`` (zstd, ``WRITE_OPTIONS``),
+    ``run_id``'s rows only if given. Batches stream through pyarrow: memory stays bounded and
+    DuckDB needs no file access (the audit connection has it disabled)."""
     import pyarrow.parquet as pq
 
     out = Path(out_dir)
@@ -187,7 +194,7 @@ def write_tables(con: Any, names: Sequence[str], out_dir: str | Path, *,
             rel = rel.filter(duckdb.ColumnExpression("run_id") == duckdb.ConstantExpression(run_id))
         reader = rel.to_arrow_reader(batch_size=1 << 16)
         try:
-            with pq.ParquetWriter(str(path), reader.schema, compression="zstd") as writer:
+            with pq.ParquetWriter(str(path), reader.schema, **WRITE_OPTIONS) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
         except OSError as exc:
@@ -358,7 +365,8 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
         con.unregister(name)
     for stage in STAGES:
         if stage == PASS_STAGE:  # the labelling pass (numba, streamed): reconstruct/labels.py
-            labels.build(con, sources=None if sources is None else _file_batches(sources))
+            labels.build(con, sources=None if sources is None else _file_batches(sources),
+                         persist=persist)
             if progress is not None:
                 progress(stage)
             continue

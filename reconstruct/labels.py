@@ -996,11 +996,6 @@ DDL: Final[tuple[str, ...]] = (
         was_resident BOOLEAN, synthetic BOOLEAN, step BIGINT, repaired_in_step BOOLEAN,
         reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN, pinned_in_force BOOLEAN,
         covered BOOLEAN, covered_harm BOOLEAN)""",
-    """CREATE OR REPLACE TEMP TABLE kv_loss_pairs (
-        run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
-        claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
-        predicate_before BOOLEAN, predicate_after BOOLEAN, broken_seq BIGINT,
-        by_request_id VARCHAR, step BIGINT, repaired_in_step BOOLEAN)""",
     """CREATE OR REPLACE TEMP TABLE kv_pred (
         run_id VARCHAR, claim_id VARCHAR, claim_seq BIGINT, from_seq BIGINT, to_seq BIGINT)""",
     """CREATE OR REPLACE TEMP TABLE kv_materialized (
@@ -1020,6 +1015,24 @@ DDL: Final[tuple[str, ...]] = (
     """CREATE OR REPLACE TEMP TABLE kv_protected_hits (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR)""",
 )
+
+# ``loss_claims`` in its final shape (docs/design.md, "Labels"): the pass writes it directly,
+# its claim facts taken from stage 02's per-instance table. NOTE: a TEMP table unless the
+# stages persist their tables (``core.run_stages``), as the SQL stages' tables are.
+LOSS_CLAIMS_DDL: Final[str] = """CREATE OR REPLACE TABLE loss_claims (
+    run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
+    claim_id VARCHAR, claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
+    tenant VARCHAR, protection_mode VARCHAR, threshold_blocks INTEGER, accepted_seq BIGINT,
+    materialized_seq BIGINT, release_seq BIGINT, release_event VARCHAR,
+    predicate_before BOOLEAN, predicate_after BOOLEAN, breaks_predicate BOOLEAN,
+    broken_seq BIGINT, by_request_id VARCHAR, step BIGINT, repaired_in_step BOOLEAN)"""
+
+# The instance facts a ``loss_claims`` row repeats, one row per instance in ``_FACTS_SQL``'s
+# order (the pass's instance index).
+_PAIR_FACTS_SQL: Final[str] = """
+SELECT claim_seq, tenant, protection_mode, k, accepted_seq, release_seq, release_event
+FROM kv_claim_facts WHERE run_id = $rid ORDER BY claim_seq
+"""
 
 _FACTS_SQL: Final[str] = """
 SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
@@ -1194,12 +1207,58 @@ def _step_cut(step: np.ndarray, step_ok: np.ndarray) -> int:
 
 class _Sink:
     """Pass outputs held as Arrow and handed to DuckDB in one INSERT per table and flush
-    (every ``FLUSH_ROWS`` rows held, and at the end): not one small INSERT per window."""
+    (every ``FLUSH_ROWS`` rows held, and at the end): not one small INSERT per window.
+
+    It also holds what the current run's ``loss_claims`` rows repeat from the instance facts
+    (``start_run``), and the instances that materialized only after a row of theirs was
+    written: ``close`` sets their ``materialized_seq`` in one UPDATE (one row per instance
+    held, never the rows themselves).
+    """
 
     def __init__(self, con: Any) -> None:
         self.con = con
         self.parts: dict[str, list[pa.Table]] = {}
         self.rows = 0
+        self.facts = pa.table({})
+        # instances of the current run with a loss_claims row written before they materialized
+        self.pending = np.zeros(0, dtype=bool)
+        self.late: list[pa.Table] = []
+
+    def start_run(self, run: _Run) -> None:
+        """Take the run's instance facts (``_PAIR_FACTS_SQL``), strings dictionary-encoded:
+        a ``loss_claims`` column is then an integer take by instance."""
+        facts = self.con.sql(_PAIR_FACTS_SQL, params={"rid": run.rid}).to_arrow_table()
+        if not np.array_equal(facts.column("claim_seq").to_numpy(), run.fseq):
+            raise ValueError(f"run {run.rid}: claim instances are not one row each")
+        self.facts = pa.table({
+            name: (pc.dictionary_encode(col.combine_chunks()) if pa.types.is_string(col.type)
+                   else col.combine_chunks())
+            for name, col in zip(facts.column_names, facts.columns)})
+        self.pending = np.zeros(len(run.fseq), dtype=bool)
+
+    def end_run(self, run: _Run) -> None:
+        """Note the pending instances of the run that materialized later in it."""
+        n = len(run.fseq)
+        late = np.flatnonzero(self.pending & (run.IS[:n, I_MAT] >= 0))
+        if late.size:
+            self.late.append(pa.table({
+                "run_id": pa.array([run.rid] * late.size, pa.string()),
+                "claim_seq": pa.array(run.fseq[late]),
+                "materialized_seq": pa.array(run.IS[late, I_MAT])}))
+
+    def close(self) -> None:
+        """Hand over what is held, then set the late materializations."""
+        self.flush()
+        if not self.late:
+            return
+        self.con.register("kv_late_in", pa.concat_tables(self.late))
+        try:
+            self.con.execute(
+                "UPDATE loss_claims SET materialized_seq = u.materialized_seq FROM kv_late_in u "
+                "WHERE loss_claims.run_id = u.run_id AND loss_claims.claim_seq = u.claim_seq")
+        finally:
+            self.con.unregister("kv_late_in")
+        self.late.clear()
 
     def add(self, table: str, data: pa.Table) -> None:
         if data.num_rows == 0:
@@ -1219,14 +1278,24 @@ class _Sink:
         TIMINGS["insert"] += time.perf_counter() - t0
 
     def _flush(self) -> None:
-        for table, parts in self.parts.items():
-            if not parts:
-                continue
-            self.con.register("kv_chunk_in", pa.concat_tables(parts))
-            try:
-                self.con.execute(f"INSERT INTO {table} SELECT * FROM kv_chunk_in")
-            finally:
-                self.con.unregister("kv_chunk_in")
+        if not any(self.parts.values()):
+            return
+        # NOTE: one thread: an INSERT of Arrow in insertion order gains nothing from more, and
+        # took about 1.2-1.5x the CPU (and more wall) with two (benchmarks: a 2 M-event dense
+        # trace's inserts, 0.50 CPU-s on one thread, 0.61-0.75 on two)
+        threads = self.con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+        self.con.execute("SET threads = 1")
+        try:
+            for table, parts in self.parts.items():
+                if not parts:
+                    continue
+                self.con.register("kv_chunk_in", pa.concat_tables(parts))
+                try:
+                    self.con.execute(f"INSERT INTO {table} SELECT * FROM kv_chunk_in")
+                finally:
+                    self.con.unregister("kv_chunk_in")
+        finally:
+            self.con.execute("SET threads = ?", [int(threads)])
         self.parts.clear()
         self.rows = 0
 
@@ -1397,24 +1466,40 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     sink.add("kv_losses", losses)
     if npair:
         li = pa.array(P[:, P_LOSS])
-        pairs = pa.table({
+        pi = pa.array(pair_inst)
+        facts = sink.facts
+        # NOTE: an instance materializes once (I_MAT never changes after): one not yet
+        # materialized at the end of this window gets its seq when the run ends (_Sink.close)
+        mat = run.IS[pair_inst, I_MAT]
+        known = mat >= 0
+        sink.pending[pair_inst[~known]] = True
+        before, after = P[:, P_BEFORE] == 1, P[:, P_AFTER] == 1
+        sink.add("loss_claims", pa.table({
             "run_id": _const(rid, npair),
             "seq": pa.array(P[:, P_SEQ]),
             "ts_ns": losses.column("ts_ns").take(li),
             "block_id": losses.column("block_id").take(li),
             "block_hash": losses.column("block_hash").take(li),
+            "claim_id": claim_str,
             "claim_seq": pa.array(run.fseq[pair_inst]),
             "position": pa.array(P[:, P_POS].astype(np.int32)),
             "label": _labels(P[:, P_LABEL]),
             "decided_by_seq": _opt(P[:, P_DSEQ], P[:, P_DSEQ] >= 0, pa.int64()),
-            "predicate_before": pa.array(P[:, P_BEFORE] == 1),
-            "predicate_after": pa.array(P[:, P_AFTER] == 1),
+            "tenant": facts.column("tenant").take(pi),
+            "protection_mode": facts.column("protection_mode").take(pi),
+            "threshold_blocks": facts.column("k").take(pi),
+            "accepted_seq": facts.column("accepted_seq").take(pi),
+            "materialized_seq": _opt(mat, known, pa.int64()),
+            "release_seq": facts.column("release_seq").take(pi),
+            "release_event": facts.column("release_event").take(pi),
+            "predicate_before": pa.array(before),
+            "predicate_after": pa.array(after),
+            "breaks_predicate": pa.array(before & ~after),
             "broken_seq": _opt(P[:, P_BROKEN], P[:, P_BROKEN] >= 0, pa.int64()),
             "by_request_id": losses.column("by_request_id").take(li),
             "step": losses.column("step").take(li),
             "repaired_in_step": pa.array(P[:, P_REPAIRED] == 1),
-        })
-        sink.add("kv_loss_pairs", pairs)
+        }))
     if R.shape[0]:
         sink.add("kv_pred", pa.table({
             "run_id": _const(rid, R.shape[0]),
@@ -1478,7 +1563,9 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
 
 
 def _finish(run: _Run, sink: _Sink) -> None:
-    """Open predicate intervals end with the run (to_seq NULL)."""
+    """Open predicate intervals end with the run (to_seq NULL); late materializations are
+    noted for ``loss_claims``."""
+    sink.end_run(run)
     open_ = np.flatnonzero(run.IS[:len(run.fseq), I_PRED] == 1)
     if open_.size:
         sink.add("kv_pred", pa.table({
@@ -1490,10 +1577,11 @@ def _finish(run: _Run, sink: _Sink) -> None:
 
 
 def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None = None,
-          window: int | None = None, progress: Callable[[int], None] | None = None) -> None:
+          window: int | None = None, progress: Callable[[int], None] | None = None,
+          persist: bool = False) -> None:
     """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); fill
-    the tables listed in the module docstring (except ``losses`` and ``loss_claims``, which
-    stage 04's SQL selects from ``kv_losses`` / ``kv_loss_pairs``).
+    the tables listed in the module docstring (except ``losses``, which stage 04's SQL
+    selects from ``kv_losses``). ``loss_claims`` is a TEMP table unless ``persist``.
 
     ``sources(run_id)`` yields the run's events (loader schema, ``PASS_COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
@@ -1502,6 +1590,8 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
     window = WINDOW_ROWS if window is None else window
     for ddl in DDL:
         con.execute(ddl)
+    con.execute(LOSS_CLAIMS_DDL if persist else
+                LOSS_CLAIMS_DDL.replace("CREATE OR REPLACE TABLE", "CREATE OR REPLACE TEMP TABLE"))
     runs = con.execute("SELECT run_id, unknown_from_seq FROM kv_runs ORDER BY run_id").fetchall()
     keep_order = con.execute(
         "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
@@ -1510,6 +1600,7 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
     try:
         for rid, unknown_from in runs:
             run = _Run(con, rid, unknown_from)
+            sink.start_run(run)
             batches = (sources(rid) if sources is not None else
                        con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_reader(1 << 16))
             for t in _timed(_windows(batches, window), "input"):
@@ -1522,6 +1613,6 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
                 if progress is not None:
                     progress(t.num_rows)
             _finish(run, sink)
-        sink.flush()
+        sink.close()
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")
