@@ -83,6 +83,21 @@ WITH fk AS (
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
     FROM fails f JOIN fk k ON k.kind = f.kind
+), failed AS (
+    -- each (run, check) that failing findings fail: their seqs, their claim instances, and
+    -- their kinds with how many of each ('kind xN, ...', by kind)
+    -- NOTE: one aggregate of finding_fails (as large as the failing findings), joined on
+    -- (run, check): not one correlated subquery over it per column
+    SELECT run_id, check_name,
+           flatten(list(seqs)) AS seqs,
+           nullif(list_distinct(flatten(list(claim_seqs))), []::BIGINT[]) AS claim_seqs,
+           string_agg(kind || ' x' || n, ', ' ORDER BY kind) AS kinds
+    FROM (SELECT run_id, check_name, kind, count(*) AS n,
+                 list(seq) FILTER (WHERE seq IS NOT NULL) AS seqs,
+                 list(DISTINCT claim_seq) FILTER (WHERE claim_seq IS NOT NULL) AS claim_seqs
+          FROM finding_fails
+          GROUP BY run_id, check_name, kind)
+    GROUP BY run_id, check_name
 ), c AS (
     SELECT * FROM kv_claim_facts
 ), uncovered_losses AS (
@@ -556,25 +571,16 @@ WITH fk AS (
            r.unknown_from_seq, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
            le.seq AS last_enforcement_seq,
            -- every failing seq: the failing findings' seqs and the check's own
-           list_sort(list_distinct(
-               coalesce((SELECT list(ff.seq) FROM finding_fails ff
-                         WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
-                           AND ff.seq IS NOT NULL), []::BIGINT[])
-               || coalesce(raw.fail_seqs, []::BIGINT[]))) AS all_fail_seqs,
-           (SELECT list(DISTINCT ff.claim_seq) FROM finding_fails ff
-            WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
-              AND ff.claim_seq IS NOT NULL) AS fail_claim_seqs,
-           (SELECT string_agg(kind || ' x' || n, ', ' ORDER BY kind) FROM (
-                SELECT ff.kind, count(*) AS n FROM finding_fails ff
-                WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name
-                GROUP BY ff.kind)) AS fail_kinds,
-           EXISTS (SELECT 1 FROM finding_fails ff
-                   WHERE ff.run_id = raw.run_id AND ff.check_name = raw.check_name)
-           OR len(coalesce(raw.fail_seqs, []::BIGINT[])) > 0 AS failing
+           list_sort(list_distinct(coalesce(ff.seqs, []::BIGINT[])
+                                   || coalesce(raw.fail_seqs, []::BIGINT[]))) AS all_fail_seqs,
+           ff.claim_seqs AS fail_claim_seqs,
+           ff.kinds AS fail_kinds,
+           ff.run_id IS NOT NULL OR len(coalesce(raw.fail_seqs, []::BIGINT[])) > 0 AS failing
     FROM raw
     JOIN kv_checks k ON k."check" = raw.check_name
     JOIN kv_runs r ON r.run_id = raw.run_id
     LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
+    LEFT JOIN failed ff ON ff.run_id = raw.run_id AND ff.check_name = raw.check_name
 ), decided AS (
     SELECT j.*, ub.seqs AS unrebuilt_seqs,
            format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
