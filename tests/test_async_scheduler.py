@@ -33,10 +33,7 @@ IGNORED = ("run_id", "seq", "ts_ns", "step")
 @pytest.fixture(scope="module")
 def vllm_helpers() -> Any:
     """vLLM's ``tests.v1.core.utils`` from its source distribution (skip: registry offline)."""
-    try:
-        return vllm_upstream.vllm_test_utils()
-    except vllm_upstream.RegistryUnreachable as exc:
-        pytest.skip(f"vLLM's source distribution is not cached and {exc}")
+    return vllm_upstream.test_utils_or_skip()
 
 
 def _classes() -> dict[str, type]:

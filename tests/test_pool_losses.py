@@ -26,10 +26,7 @@ NUM_BLOCKS = 9  # 8 usable: vLLM's block 0 is the null block
 @pytest.fixture(scope="module")
 def vllm_helpers() -> Any:
     """vLLM's ``tests.v1.core.utils`` from its source distribution (skip: registry offline)."""
-    try:
-        return vllm_upstream.vllm_test_utils()
-    except vllm_upstream.RegistryUnreachable as exc:
-        pytest.skip(f"vLLM's source distribution is not cached and {exc}")
+    return vllm_upstream.test_utils_or_skip()
 
 
 def _request(name: str, n_blocks: int) -> Any:

@@ -21,6 +21,7 @@ side and every test that passes with vLLM's classes and not with the recorder's;
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -151,9 +152,22 @@ def vllm_tests(version: str | None = None, cache: Path | None = None) -> Path:
     return root
 
 
+def test_utils_or_skip() -> Any:
+    """``vllm_test_utils()``, or skip the calling test when vLLM's source distribution is
+    neither cached nor downloadable (the registry is offline)."""
+    import pytest  # NOTE: here, not at the top: this module is also a command-line script
+
+    try:
+        return vllm_test_utils()
+    except RegistryUnreachable as exc:
+        pytest.skip(f"vLLM's source distribution is not cached and {exc}")
+
+
+@functools.cache
 def vllm_test_utils() -> Any:
     """vLLM's ``tests.v1.core.utils`` (``create_scheduler`` and friends) from its source
-    distribution, imported in this process.
+    distribution, imported once per process (a second import registers its example KV
+    connector again, which vLLM refuses).
 
     NOTE: vLLM's tests are a package named ``tests``, like this repository's: they are imported
     with ours set aside, then ours are put back (vLLM's helper keeps what it imported).
