@@ -1027,19 +1027,20 @@ LOSS_CLAIMS_DDL: Final[str] = """CREATE OR REPLACE TABLE loss_claims (
     predicate_before BOOLEAN, predicate_after BOOLEAN, breaks_predicate BOOLEAN,
     broken_seq BIGINT, by_request_id VARCHAR, step BIGINT, repaired_in_step BOOLEAN)"""
 
-# The instance facts a ``loss_claims`` row repeats, one row per instance in ``_FACTS_SQL``'s
-# order (the pass's instance index).
-_PAIR_FACTS_SQL: Final[str] = """
-SELECT claim_seq, tenant, protection_mode, k, accepted_seq, release_seq, release_event
-FROM kv_claim_facts WHERE run_id = $rid ORDER BY claim_seq
-"""
+# The instance facts a ``loss_claims`` row repeats (``_FACTS_SQL``'s columns, as stage 02 has
+# them: NULL where it has none), by the name ``loss_claims`` gives them.
+PAIR_FACTS: Final[dict[str, str]] = {
+    "tenant": "tenant", "protection_mode": "protection_mode", "threshold_blocks": "k_declared",
+    "accepted_seq": "accepted_seq", "release_seq": "release_seq",
+    "release_event": "release_event"}
 
 _FACTS_SQL: Final[str] = """
 SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
        f.submitted_seq IS NOT NULL AS submitted, coalesce(f.accepted_seq, -1) AS acc,
        coalesce(f.release_seq, -1) AS rel, f.release_event,
        coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq,
-       coalesce(f.pinned_mode, false) AS pinned
+       coalesce(f.pinned_mode, false) AS pinned,
+       f.tenant, f.k AS k_declared, f.accepted_seq, f.release_seq
 FROM kv_claim_facts f
 LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
 WHERE f.run_id = $rid ORDER BY f.claim_seq
@@ -1083,6 +1084,12 @@ class _Run:
         self.fseq = facts.column("claim_seq").to_numpy().astype(np.int64)
         # claim ids of the instances, dictionary-encoded: takes by instance are int takes
         self.fclaim = pc.dictionary_encode(facts.column("claim_id").combine_chunks())
+        # what a loss_claims row repeats of its instance, strings dictionary-encoded: a column
+        # is then an integer take by instance
+        self.pair_facts = {
+            name: (pc.dictionary_encode(col) if pa.types.is_string(col.type) else col)
+            for name, col in ((name, facts.column(src).combine_chunks())
+                              for name, src in PAIR_FACTS.items())}
         ni = len(self.fseq)
         ids = sorted(set(facts.column("claim_id").to_pylist()))
         self.code = {c: i for i, c in enumerate(ids)}
@@ -1209,31 +1216,21 @@ class _Sink:
     """Pass outputs held as Arrow and handed to DuckDB in one INSERT per table and flush
     (every ``FLUSH_ROWS`` rows held, and at the end): not one small INSERT per window.
 
-    It also holds what the current run's ``loss_claims`` rows repeat from the instance facts
-    (``start_run``), and the instances that materialized only after a row of theirs was
-    written: ``close`` sets their ``materialized_seq`` in one UPDATE (one row per instance
-    held, never the rows themselves).
+    It also holds the instances of the current run that materialized only after a
+    ``loss_claims`` row of theirs was written: ``close`` sets their ``materialized_seq`` in
+    one UPDATE (one row per instance held, never the rows themselves).
     """
 
     def __init__(self, con: Any) -> None:
         self.con = con
         self.parts: dict[str, list[pa.Table]] = {}
         self.rows = 0
-        self.facts = pa.table({})
         # instances of the current run with a loss_claims row written before they materialized
         self.pending = np.zeros(0, dtype=bool)
         self.late: list[pa.Table] = []
 
     def start_run(self, run: _Run) -> None:
-        """Take the run's instance facts (``_PAIR_FACTS_SQL``), strings dictionary-encoded:
-        a ``loss_claims`` column is then an integer take by instance."""
-        facts = self.con.sql(_PAIR_FACTS_SQL, params={"rid": run.rid}).to_arrow_table()
-        if not np.array_equal(facts.column("claim_seq").to_numpy(), run.fseq):
-            raise ValueError(f"run {run.rid}: claim instances are not one row each")
-        self.facts = pa.table({
-            name: (pc.dictionary_encode(col.combine_chunks()) if pa.types.is_string(col.type)
-                   else col.combine_chunks())
-            for name, col in zip(facts.column_names, facts.columns)})
+        """Start holding the run's pending instances (none yet)."""
         self.pending = np.zeros(len(run.fseq), dtype=bool)
 
     def end_run(self, run: _Run) -> None:
@@ -1467,7 +1464,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     if npair:
         li = pa.array(P[:, P_LOSS])
         pi = pa.array(pair_inst)
-        facts = sink.facts
+        facts = run.pair_facts
         # NOTE: an instance materializes once (I_MAT never changes after): one not yet
         # materialized at the end of this window gets its seq when the run ends (_Sink.close)
         mat = run.IS[pair_inst, I_MAT]
@@ -1485,13 +1482,13 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "position": pa.array(P[:, P_POS].astype(np.int32)),
             "label": _labels(P[:, P_LABEL]),
             "decided_by_seq": _opt(P[:, P_DSEQ], P[:, P_DSEQ] >= 0, pa.int64()),
-            "tenant": facts.column("tenant").take(pi),
-            "protection_mode": facts.column("protection_mode").take(pi),
-            "threshold_blocks": facts.column("k").take(pi),
-            "accepted_seq": facts.column("accepted_seq").take(pi),
+            "tenant": facts["tenant"].take(pi),
+            "protection_mode": facts["protection_mode"].take(pi),
+            "threshold_blocks": facts["threshold_blocks"].take(pi),
+            "accepted_seq": facts["accepted_seq"].take(pi),
             "materialized_seq": _opt(mat, known, pa.int64()),
-            "release_seq": facts.column("release_seq").take(pi),
-            "release_event": facts.column("release_event").take(pi),
+            "release_seq": facts["release_seq"].take(pi),
+            "release_event": facts["release_event"].take(pi),
             "predicate_before": pa.array(before),
             "predicate_after": pa.array(after),
             "breaks_predicate": pa.array(before & ~after),
