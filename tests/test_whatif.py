@@ -319,7 +319,6 @@ def test_a_whatif_path_without_runs_is_one_line(tmp_path: Path) -> None:
         replays.find_replays([tmp_path])
 
 
-
 def test_a_whatif_path_holding_only_recordings_is_one_line() -> None:
     with kvclaims.open([NATIVE_80]) as a:
         with pytest.raises(InputError, match="no replayed run there"):
@@ -330,6 +329,7 @@ def test_a_whatif_path_holding_replays_is_gathered(native_whatif: Path) -> None:
     """Negative twin: a kvclaims whatif --out folder passes."""
     with kvclaims.open([NATIVE_80]) as a:
         assert len(replays.gather(a, [native_whatif])) == 3
+
 
 def test_explain_cites_each_computed_replay_of_a_harmed_claim(native_whatif: Path) -> None:
     found = replays.find_replays([native_whatif])
