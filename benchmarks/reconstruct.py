@@ -330,11 +330,34 @@ def warm_up(work: Path) -> None:
         labels.TIMINGS[key] = 0.0
 
 
+def kept_traces(traces: Path, shape: str, events: int) -> tuple[list[Path], int, bool]:
+    """The shape's traces under ``traces``, generated there once and reused by later runs
+    (``--traces``); returns (paths, events, whether they were reused).
+
+    NOTE: a ``.done`` file beside the traces marks a finished generation: an interrupted one
+    is generated again from scratch.
+    """
+    where = traces / f"{shape}-{events}"
+    done = traces / f"{shape}-{events}.done"
+    if done.exists():
+        got = json.loads(done.read_text())
+        return [Path(p) for p in got["paths"]], got["events"], True
+    shutil.rmtree(where, ignore_errors=True)
+    paths, n = generate(where, shape, events)
+    done.write_text(json.dumps({"paths": [str(p) for p in paths], "events": n}))
+    return paths, n, False
+
+
 def run_one(shape: str, events: int, memory_limit: str, python_events: int,
-            work: Path) -> dict[str, Any]:
-    """Generate, read, reconstruct, write and replay one shape; return its figures."""
+            work: Path, traces: Path | None = None) -> dict[str, Any]:
+    """Generate (or reuse, ``traces``), read, reconstruct, write and replay one shape; return
+    its figures."""
     t_gen = time.perf_counter()
-    paths, n = generate(work, shape, events)
+    reused = False
+    if traces is None:
+        paths, n = generate(work, shape, events)
+    else:
+        paths, n, reused = kept_traces(traces, shape, events)
     t_gen = time.perf_counter() - t_gen
     warm_up(work / "warm")
     rss_gen = peak_rss_mib()
@@ -388,7 +411,8 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
         "py_cpu_s": py_cpu, "runs_replayed": len(replayed),
         "label_s": marks["04_labels.sql"] - start, "all_s": t_all - start,
         "e2e_s": t_written - start, "e2e_cpu_s": cpu_e2e, "write_s": t_written - t_all,
-        "rss_mib": rss, "rss_gen_mib": rss_gen, "gen_s": t_gen, "py_events": py_n, "py_s": py_t,
+        "rss_mib": rss, "rss_gen_mib": rss_gen, "gen_s": t_gen, "reused": reused,
+        "py_events": py_n, "py_s": py_t,
         "checked": checked, "mismatches": mismatches[:5],
         "n_mismatches": len(mismatches), "labels": counts, "loss_claims": pairs,
         "stages": stages, "stages_cpu": stages_cpu, "pass_parts": pass_parts,
@@ -454,7 +478,7 @@ def fmt(r: dict[str, Any]) -> list[str]:
     ratio = r["e2e_cpu_s"] / max(r["scan_cpu_s"], 1e-9)
     return [
         f"{r['shape']} — {n:,} events, {r['loss_claims']:,} loss_claims rows "
-        f"(generated in {r.get('gen_s', 0):.0f} s)",
+        + ("(traces reused)" if r.get("reused") else f"(generated in {r.get('gen_s', 0):.0f} s)"),
         f"  bare scan (pass columns)     {rate('scan', 'scan_s')}  (pyarrow, sealed Parquet, "
         f"{len(labels.PASS_COLUMNS)} columns)",
         f"  read (loader alone)          {rate('loader', 'read_s')}",
@@ -521,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-of-core", action="store_true",
                     help="opt-in: 1 B dense events, memory_limit 2GB (hours; ~100 GB disk)")
     ap.add_argument("--work", metavar="DIR", help="work directory (default: a temporary one)")
+    ap.add_argument("--traces", metavar="DIR",
+                    help="keep the generated traces in DIR and reuse them in later runs of the "
+                         "same shape and size (default: generate per run, then delete)")
+    ap.add_argument("--generate-only", action="store_true",
+                    help="with --traces: generate the traces (if not there yet) and stop")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--gen", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
@@ -540,10 +569,21 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.work).mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f"kvclaims-bench-{args.one}-", dir=args.work))
         try:
-            res = run_one(args.one, args.events, args.memory_limit, args.python_events, work)
+            res = run_one(args.one, args.events, args.memory_limit, args.python_events, work,
+                          Path(args.traces) if args.traces else None)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         Path(args.json_out).write_text(json.dumps(res))
+        return 0
+
+    if args.generate_only:
+        if not args.traces:
+            ap.error("--generate-only needs --traces DIR")
+        for shape in args.shapes.split(","):
+            Path(args.traces).mkdir(parents=True, exist_ok=True)
+            paths, n, reused = kept_traces(Path(args.traces), shape, args.events)
+            print(f"{shape}: {n:,} events in {', '.join(map(str, paths))}"
+                  + (" (already there)" if reused else ""))
         return 0
 
     results = []
@@ -554,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                    str(args.python_events), "--json-out", out.name]
             if args.work:
                 cmd += ["--work", args.work]
+            if args.traces:
+                cmd += ["--traces", str(Path(args.traces).resolve())]
             if subprocess.run(cmd, check=False).returncode != 0:
                 print(f"{shape}: failed", file=sys.stderr)
                 return 1
