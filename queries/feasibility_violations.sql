@@ -20,7 +20,7 @@ SELECT
     decision,
     -- infeasible_admission (admitted, did not fit) | needless_refusal (deferred or refused,
     -- would have fit)
-    CASE WHEN decision = 'admitted' THEN 'infeasible_admission' ELSE 'needless_refusal' END
+    CASE WHEN decision = 'admitted' THEN {finding.infeasible_admission} ELSE 'needless_refusal' END
         AS violation,
     -- blocks protected by claims in force (rebuilt from the block timeline)
     protected_blocks,

@@ -31,6 +31,9 @@ class Check:
     fails_when: str
     needs_engine: bool
     judges_enforcement: bool
+    #: the finding kinds that fail the check (vocabulary.FINDING_KINDS); a check may also fail
+    #: on evidence of its own (08_conformance.sql)
+    fails_on: tuple[str, ...] = ()
 
 
 #: NOTE: the one list of checks: SQL, CLI help and docs read it; ``ord`` orders the rows.
@@ -38,7 +41,8 @@ CHECKS: Final[tuple[Check, ...]] = (
     Check(1, "L1", "No accepted claim, no harm",
           "a block loss not covered by a claim accepted before it, or a claim_harmed report",
           "a loss not covered by an accepted claim is labelled harm; harm_without_acceptance",
-          False, False),
+          False, False,
+          fails_on=("harm_without_acceptance",)),
     Check(2, "L2", "Write no-admit serves the active request, yet residents are still evicted",
           "a write_no_admit run whose reuse-denied request was served while a resident block "
           "was lost to pressure",
@@ -50,48 +54,71 @@ CHECKS: Final[tuple[Check, ...]] = (
           "request (protected + active live > usable, rebuilt from the trace)",
           "a hard claim harmed; an infeasible deferral/refusal naming no hard claim; "
           "infeasible_admission; protected_block_lost; unjustified_refused or "
-          "unjustified_deferred (it fit); any refusal_* finding", True, True),
+          "unjustified_deferred (it fit); any refusal_* finding", True, True,
+          fails_on=("infeasible_admission", "protected_block_lost",
+                    "refusal_without_blocking_claim", "refusal_names_unknown_claim",
+                    "refusal_names_claim_not_in_force", "refusal_names_unmaterialized_claim",
+                    "refusal_names_unprotected_claim", "unjustified_refused",
+                    "unjustified_deferred", "refusal_names_claim_holding_no_blocks")),
     Check(4, "L4", "Demotion strictly precedes every later loss, which is relaxation, not harm",
           "a demoted claim instance that later lost content",
-          "a harm row of a demoted instance (a loss before its demotion)", True, True),
+          "a harm row of a demoted instance (a loss before its demotion)", True, True,
+          fails_on=("demoted_not_demotable", "demotion_unjustified")),
     Check(5, "L5", "Expiry strictly precedes every later loss, which is expiry, not harm",
           "an expired claim instance that later lost content",
           "as L4 for expired instances, or an expiry before acceptance + ttl_s (premature)",
-          False, True),
+          False, True,
+          fails_on=("expired_not_expiring", "expired_without_ttl", "expired_before_ttl")),
     Check(6, "L6", "Surviving block count is not the predicate",
           "a claim_materialized report, or an accepted claim whose leading positions were "
           "never all resident",
           "materialized_reported_predicate_false (the timeline does not show positions 0..k-1 "
           "bound and resident at the report, including a claim with no bound position), or a "
-          "claim_harmed for a claim that never materialized", True, True),
+          "claim_harmed for a claim that never materialized", True, True,
+          fails_on=("materialized_reported_predicate_false",
+                    "materialized_reported_not_accepted")),
     Check(7, "L7", "The reconstruction equals what the runtime reported",
           "a runtime report: claim_harmed, claim_materialized, a refusal, or a finished request "
           "whose cached tokens (reported or reconstructed) are not 0",
           "harm_not_reported, harm_reported_not_reconstructed, harm_reported_before_loss, "
           "materialized_reported_predicate_false, materialization_not_reported, "
-          "shortfall_mismatch, cached_tokens_mismatch", True, True),
+          "shortfall_mismatch, cached_tokens_mismatch", True, True,
+          fails_on=("harm_not_reported", "harm_reported_not_reconstructed",
+                    "harm_reported_before_loss", "materialized_reported_predicate_false",
+                    "materialization_not_reported", "shortfall_mismatch",
+                    "cached_tokens_mismatch", "materialized_reported_not_accepted",
+                    "hit_not_resident")),
     Check(8, "INV_no_harm_without_acceptance", "No harm without acceptance",
-          "a harm, reported or reconstructed", "harm_without_acceptance", False, False),
+          "a harm, reported or reconstructed", "harm_without_acceptance", False, False,
+          fails_on=("harm_without_acceptance",)),
     Check(9, "INV_release_precedes_loss",
           "A release strictly precedes its relaxation/expiry losses",
           "a loss of a released, demoted or expired claim instance's content",
-          "loss_before_release, label_without_prior_release", False, False),
+          "loss_before_release, label_without_prior_release", False, False,
+          fails_on=("loss_before_release", "label_without_prior_release")),
     Check(10, "INV_refusal_names_protected_claim",
           "Every refusal names an in-force, materialized, protected claim", "a request_refused",
-          "any refusal_* finding; unjustified_refused (the request fit, rebuilt)", True, True),
+          "any refusal_* finding; unjustified_refused (the request fit, rebuilt)", True, True,
+          fails_on=("refusal_without_blocking_claim", "refusal_names_unknown_claim",
+                    "refusal_names_claim_not_in_force", "refusal_names_unmaterialized_claim",
+                    "refusal_names_unprotected_claim", "unjustified_refused",
+                    "refusal_names_claim_holding_no_blocks")),
     Check(11, "INV_no_protected_loss",
           "No block of an in-force protected claim is lost under an enforcing policy",
           "a block loss while an accepted claim of a pinning mode was in force under an "
-          "enforcing policy", "protected_block_lost", True, True),
+          "enforcing policy", "protected_block_lost", True, True,
+          fails_on=("protected_block_lost",)),
     Check(12, "INV_feasible_admission", "Every admission is feasible under an enforcing policy",
           "an admission under an enforcing policy while claims protected blocks (rebuilt)",
           "infeasible_admission (protected + active live > usable, rebuilt from the trace)",
-          True, True),
+          True, True,
+          fails_on=("infeasible_admission",)),
     # lifecycle legitimacy (docs/design.md §2 "Ownership", §5 "Lifecycle legitimacy")
     Check(13, "INV_release_by_owner",
           "Only the claim's own tenant or the operator ends a claim by release",
           "a claim_released whose format records released_by",
-          "released_not_by_owner, released_by_arbiter, released_by_unknown", False, False),
+          "released_not_by_owner, released_by_arbiter, released_by_unknown", False, False,
+          fails_on=("released_not_by_owner", "released_by_arbiter", "released_by_unknown")),
     # the seeds' label-side litmus
     Check(14, "LIT_soft_order",
           "A soft-priority claim loses blocks only after lower-priority content",
@@ -114,17 +141,22 @@ CHECKS: Final[tuple[Check, ...]] = (
           "protected blocks and other requests held live blocks",
           "infeasible_admission, unjustified_refused, unjustified_deferred, "
           "refusal_names_claim_holding_no_blocks, or a feasibility_disagreement / "
-          "feasibility_figure_mismatch of severity disagreement", True, True),
+          "feasibility_figure_mismatch of severity disagreement", True, True,
+          fails_on=("infeasible_admission", "unjustified_refused", "unjustified_deferred",
+                    "refusal_names_claim_holding_no_blocks", "feasibility_disagreement",
+                    "feasibility_figure_mismatch")),
     Check(21, "L_chunking", "Chunking does not bound live KV",
           "a request whose prompt was allocated over more than one scheduler step (chunked "
           "prefill), with its admission decision in the trace",
           "chunk_counted_as_need: the runtime judged the admission on fewer blocks than the "
-          "request's full prompt less hits", True, True),
+          "request's full prompt less hits", True, True,
+          fails_on=("chunk_counted_as_need",)),
     Check(22, "L_lowering", "A lowering claim is backed by the run's evidence",
           "a lowering section in the run's manifest",
           "lowering_claim_unsupported (the manifest claims a stronger class than the evidence "
           "gives, e.g. a mode whose promise was broken) or lowering_value_unknown (a value "
-          "outside the vocabulary)", False, False),
+          "outside the vocabulary)", False, False,
+          fails_on=("lowering_claim_unsupported", "lowering_value_unknown")),
 )
 
 
@@ -166,6 +198,13 @@ LEGACY_LOWERING: Final[dict[str, str]] = {
     "enforced": "adapter-policy evidence", "approximated": "approximation substrate",
     "rejected": "rejected mapping", "recorded only": "adapter-observational evidence",
 }
+
+
+def check_fails_values_sql() -> str:
+    """``kv_check_fails`` as a SQL ``VALUES`` list (check, kind): the finding kinds that fail
+    each check (:attr:`Check.fails_on`)."""
+    return ",\n    ".join(f"({sql_string(c.name)}, {sql_string(kind)})"
+                          for c in CHECKS for kind in c.fails_on)
 
 
 def checks_values_sql() -> str:
@@ -211,6 +250,7 @@ def checks_help() -> str:
 
 def fill_sql(sql: str) -> str:
     """Fill the table markers of a stage's SQL text (``/*@KV_CHECKS@*/``,
-    ``/*@KV_LOWERING_CLASSES@*/``)."""
+    ``/*@KV_CHECK_FAILS@*/``, ``/*@KV_LOWERING_CLASSES@*/``)."""
     return (sql.replace("/*@KV_CHECKS@*/", checks_values_sql())
+               .replace("/*@KV_CHECK_FAILS@*/", check_fails_values_sql())
                .replace("/*@KV_LOWERING_CLASSES@*/", lowering_values_sql()))

@@ -263,7 +263,7 @@ def test_design_lifecycle_table_is_the_codes_lifecycle_rules() -> None:
 
 def test_lifecycle_rule_kinds_are_the_findings_the_sql_names() -> None:
     sql = (Path(core.__file__).parent / "sql" / "02_claims.sql").read_text()
-    named = set(re.findall(r"'((?:demoted|expired|released)_[a-z_]+)'", sql))
+    named = set(re.findall(r"\{finding\.((?:demoted|expired|released)_[a-z_]+)\}", sql))
     in_table = {k for _, _, kinds in labels.LIFECYCLE_RULES for k in kinds.split(", ")}
     assert named == in_table
 

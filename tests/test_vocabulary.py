@@ -11,6 +11,7 @@ import pytest
 
 from kvclaims.contract import vocabulary as V
 from kvclaims.contract.schema import EVENTS
+from kvclaims.reconstruct.checks import CHECKS
 
 REPO = Path(__file__).resolve().parents[1]
 SQL_FILES = sorted([*(REPO / "reconstruct" / "sql").glob("*.sql"),
@@ -93,3 +94,32 @@ def test_the_schema_gives_fields_for_exactly_the_vocabulary_events() -> None:
 def test_every_sql_file_fills_without_error() -> None:
     for path in SQL_FILES:
         V.fill_sql(path.read_text())
+
+
+def test_the_check_table_names_exactly_the_vocabulary_checks_in_order() -> None:
+    assert tuple(c.name for c in sorted(CHECKS, key=lambda c: c.ord)) == V.CHECK_NAMES
+
+
+def test_every_kind_that_fails_a_check_is_a_finding_kind() -> None:
+    assert {k for c in CHECKS for k in c.fails_on} <= set(V.FINDING_KINDS)
+
+
+def test_a_finding_kind_the_vocabulary_lacks_fails_loudly() -> None:
+    with pytest.raises(ValueError, match="not a term"):
+        V.fill_sql("kind = {finding.harm_unreported}")
+
+
+def findings_made() -> set[str]:
+    """The finding kinds the stages can make: 07_findings names each one as ``{finding.x}``,
+    02_claims the lifecycle rules a claim event breaks (its ``broken_rule``)."""
+    sql = "".join((REPO / "reconstruct" / "sql" / name).read_text()
+                  for name in ("02_claims.sql", "07_findings.sql"))
+    return set(re.findall(r"\{finding\.([a-z_]+)\}", sql))
+
+
+def test_the_vocabulary_lists_exactly_the_finding_kinds_the_stages_make() -> None:
+    assert findings_made() == set(V.FINDING_KINDS)
+
+
+def test_a_check_fails_only_on_kinds_the_stages_make() -> None:
+    assert {k for c in CHECKS for k in c.fails_on} <= findings_made()

@@ -65,6 +65,41 @@ REQUEST_OUTCOMES: Final[tuple[str, ...]] = (
 FINDING_SEVERITIES: Final[tuple[str, ...]] = (
     "violation", "security", "disagreement", "hole", "anomaly", "info")
 
+# Every kind of finding (``findings.kind``), grouped as docs/reconstruction.md lists them. A
+# kind's severity is decided where the finding is made (07_findings.sql): some depend on the
+# run's policy.
+FINDING_KINDS: Final[tuple[str, ...]] = (
+    # holes: what the trace cannot show
+    "recorder_gap", "seq_hole", "missing_head", "truncated", "hook_failed",
+    # the runtime's reports against the reconstruction
+    "harm_not_reported", "harm_reported_not_reconstructed", "harm_reported_before_loss",
+    "materialized_reported_predicate_false", "materialized_reported_not_accepted",
+    "materialization_not_reported", "shortfall_mismatch", "feasibility_disagreement",
+    "feasibility_figure_mismatch", "cached_tokens_mismatch", "chunk_counted_as_need",
+    "lowering_value_unknown", "lowering_claim_unsupported", "hit_not_resident",
+    # violations of the promises
+    "harm_without_acceptance", "loss_before_release", "label_without_prior_release",
+    "protected_block_lost", "infeasible_admission", "refusal_without_blocking_claim",
+    "refusal_names_unknown_claim", "refusal_names_claim_not_in_force",
+    "refusal_names_unmaterialized_claim", "refusal_names_unprotected_claim",
+    "unjustified_refused", "unjustified_deferred", "refusal_names_claim_holding_no_blocks",
+    "demotion_unjustified",
+    # lifecycle events their rules do not allow (02_claims.sql: broken_rule)
+    "demoted_not_demotable", "expired_not_expiring", "expired_without_ttl",
+    "expired_before_ttl", "released_not_by_owner", "released_by_arbiter", "released_by_unknown",
+    # security: a release the arbiter refused (someone tried to end another tenant's claim)
+    "claim_release_refused",
+    # anomalies: the trace contradicts itself
+    "evicted_unknown_content", "evicted_block_not_resident", "evicted_hash_mismatch",
+    "block_overwritten", "claim_never_submitted", "claim_never_decided", "lifecycle_unverified")
+
+# -- conformance checks (reconstruct/checks.py: each one's title, situation and failing kinds) --
+CHECK_NAMES: Final[tuple[str, ...]] = (
+    "L1", "L2", "L3", "L4", "L5", "L6", "L7", "INV_no_harm_without_acceptance",
+    "INV_release_precedes_loss", "INV_refusal_names_protected_claim", "INV_no_protected_loss",
+    "INV_feasible_admission", "INV_release_by_owner", "LIT_soft_order", "LIT_thresholded_value",
+    "LIT_materialization_failure", "L_feasibility", "L_chunking", "L_lowering")
+
 # -- verdicts (docs/conformance.md) --------------------------------------------------------------
 # A check that nothing in the run exercised is ``not_exercised``, never a pass.
 CHECK_VERDICTS: Final[tuple[str, ...]] = ("fail", "unknown", "pass", "not_exercised")
@@ -87,7 +122,8 @@ GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "event": EVENT_NAMES, "cause": EVICTION_CAUSES, "mode": PROTECTION_MODES,
     "policy": POLICY_NAMES, "label": LABELS, "claim_outcome": CLAIM_OUTCOMES,
     "request_outcome": REQUEST_OUTCOMES, "severity": FINDING_SEVERITIES,
-    "verdict": CHECK_VERDICTS, "releaser": RELEASERS,
+    "verdict": CHECK_VERDICTS, "releaser": RELEASERS, "finding": FINDING_KINDS,
+    "check": CHECK_NAMES,
 }
 _TERM: Final = re.compile(r"\{([a-z_]+)\.([A-Za-z0-9_]+)\}")
 
@@ -124,4 +160,5 @@ CLAIM_OUTCOME: Final = _terms(CLAIM_OUTCOMES)
 REQUEST_OUTCOME: Final = _terms(REQUEST_OUTCOMES)
 SEVERITY: Final = _terms(FINDING_SEVERITIES)
 VERDICT: Final = _terms(CHECK_VERDICTS)
+FINDING: Final = _terms(FINDING_KINDS)
 

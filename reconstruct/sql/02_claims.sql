@@ -110,23 +110,23 @@ WITH ends AS (
            CASE e.event
                WHEN {event.claim_demoted} THEN
                    CASE WHEN i.protection_mode IS DISTINCT FROM {mode.demotable}
-                        THEN 'demoted_not_demotable' END
+                        THEN {finding.demoted_not_demotable} END
                WHEN {event.claim_expired} THEN
                    CASE WHEN i.protection_mode IS DISTINCT FROM {mode.expiring}
-                            THEN 'expired_not_expiring'
-                        WHEN i.ttl_s IS NULL THEN 'expired_without_ttl'
+                            THEN {finding.expired_not_expiring}
+                        WHEN i.ttl_s IS NULL THEN {finding.expired_without_ttl}
                         WHEN i.accepted_ts_ns IS NULL
                              OR e.ts_ns < i.accepted_ts_ns + CAST(i.ttl_s * 1e9 AS BIGINT)
-                            THEN 'expired_before_ttl' END
+                            THEN {finding.expired_before_ttl} END
                WHEN {event.claim_released} THEN
                    CASE WHEN e.released_by = {releaser.operator} THEN NULL
                         WHEN e.released_by = {releaser.tenant} AND e.tenant IS NOT NULL
                              AND e.tenant = i.tenant THEN NULL
-                        WHEN e.released_by = {releaser.tenant} THEN 'released_not_by_owner'
+                        WHEN e.released_by = {releaser.tenant} THEN {finding.released_not_by_owner}
                         -- NOTE: the arbiter ends a claim only by claim_demoted or
                         -- claim_expired, each judged by its own rule above
-                        WHEN e.released_by = {releaser.arbiter} THEN 'released_by_arbiter'
-                        ELSE 'released_by_unknown' END
+                        WHEN e.released_by = {releaser.arbiter} THEN {finding.released_by_arbiter}
+                        ELSE {finding.released_by_unknown} END
            END AS broken_rule
     FROM kv_claim_ev e
     JOIN kv_claim_inst i ON i.run_id = e.run_id AND i.claim_seq = e.claim_seq

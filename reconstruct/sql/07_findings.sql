@@ -170,7 +170,7 @@ CREATE OR REPLACE TABLE findings AS
 WITH f AS (
     -- holes ---------------------------------------------------------------------------------
     -- NOTE: the hole starts at the first seq of the scheduler step the gap falls in (stage 01)
-    SELECT g.run_id, {event.recorder_gap} AS kind, {severity.hole} AS severity, g.seq,
+    SELECT g.run_id, {finding.recorder_gap} AS kind, {severity.hole} AS severity, g.seq,
            [g.seq, g.first_seq, g.last_seq] AS seqs, NULL AS claim_id, NULL::BIGINT AS claim_seq,
            NULL AS request_id, NULL::UBIGINT AS block_hash,
            format('recorder dropped {} events (seq {}..{}): every loss from seq {} on is unknown',
@@ -180,23 +180,23 @@ WITH f AS (
     FROM kv_stage_events g JOIN kv_runs r ON r.run_id = g.run_id
     WHERE g.event = {event.recorder_gap}
     UNION ALL
-    SELECT run_id, 'seq_hole', {severity.hole}, hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, {finding.seq_hole}, {severity.hole}, hole_seq, [hole_seq], NULL, NULL, NULL, NULL,
            format('seq {} is missing and no recorder_gap covers it', hole_seq)
     FROM kv_runs WHERE hole_seq IS NOT NULL AND (gap_seq IS NULL OR hole_seq < gap_seq)
     UNION ALL
-    SELECT run_id, 'missing_head', {severity.hole}, first_seq, [first_seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, {finding.missing_head}, {severity.hole}, first_seq, [first_seq], NULL, NULL, NULL, NULL,
            format('the run starts at seq {} with {} instead of run_started at seq 0: its head '
                   'is missing, every loss is unknown', first_seq, first_event)
     FROM kv_runs WHERE head_missing
     UNION ALL
-    SELECT run_id, 'truncated', {severity.hole}, last_seq, [last_seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, {finding.truncated}, {severity.hole}, last_seq, [last_seq], NULL, NULL, NULL, NULL,
            format('the run''s last segment is truncated after seq {}: outcomes that could '
                   'still change are unknown', last_seq)
     FROM kv_runs WHERE truncated
     UNION ALL
     -- fail-open: a hook or the arbiter raised inside vLLM; the engine kept serving, so what
     -- enforcement did from here on is not known (checks judged after it are `unknown`)
-    SELECT run_id, {event.hook_failed}, {severity.hole}, seq, [seq], NULL, NULL, NULL, NULL,
+    SELECT run_id, {finding.hook_failed}, {severity.hole}, seq, [seq], NULL, NULL, NULL, NULL,
            format('hook {} failed inside vLLM at seq {} ({}); the engine kept serving: '
                   'enforcement from seq {} on is unknown, not blamed on the policy',
                   coalesce(hook, '?'), seq, coalesce(error_type, 'unknown error'), seq)
@@ -204,7 +204,7 @@ WITH f AS (
 
     -- runtime reports vs reconstruction ------------------------------------------------------
     UNION ALL
-    SELECT c.run_id, 'harm_not_reported', {severity.disagreement}, c.first_harm_seq,
+    SELECT c.run_id, {finding.harm_not_reported}, {severity.disagreement}, c.first_harm_seq,
            [c.first_harm_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} was harmed at seq {} (reconstructed) but the runtime reported no '
                   {event.claim_harmed}, c.claim_id, c.first_harm_seq)
@@ -214,7 +214,7 @@ WITH f AS (
     WHERE c.outcome = {claim_outcome.harmed} AND c.reported_harm_seq IS NULL
       AND c.protection_mode IN (SELECT mode FROM kv_modes WHERE residency)
     UNION ALL
-    SELECT f.run_id, 'harm_reported_not_reconstructed', {severity.disagreement}, f.reported_harm_seq,
+    SELECT f.run_id, {finding.harm_reported_not_reconstructed}, {severity.disagreement}, f.reported_harm_seq,
            [f.reported_harm_seq], f.claim_id, f.claim_seq, NULL, NULL,
            format('the runtime reported claim_harmed for {} at seq {}, the trace shows no harm',
                   f.claim_id, f.reported_harm_seq)
@@ -223,13 +223,13 @@ WITH f AS (
       AND f.outcome <> {claim_outcome.unknown}
       AND f.reported_harm_seq < coalesce(r.unknown_from_seq, f.reported_harm_seq + 1)
     UNION ALL
-    SELECT run_id, 'harm_reported_before_loss', {severity.disagreement}, reported_harm_seq,
+    SELECT run_id, {finding.harm_reported_before_loss}, {severity.disagreement}, reported_harm_seq,
            [reported_harm_seq, first_harm_seq], claim_id, claim_seq, NULL, NULL,
            format('the runtime reported claim_harmed for {} at seq {}, before the loss that '
                   'harmed it (seq {})', claim_id, reported_harm_seq, first_harm_seq)
     FROM claims WHERE reported_harm_seq < first_harm_seq
     UNION ALL
-    SELECT e.run_id, 'materialized_reported_predicate_false', {severity.disagreement}, e.seq,
+    SELECT e.run_id, {finding.materialized_reported_predicate_false}, {severity.disagreement}, e.seq,
            [e.seq], e.claim_id, e.claim_seq, NULL, NULL,
            format('the runtime reported claim_materialized for {} at seq {}, but positions '
                   '0..{} are not all bound and resident there', e.claim_id, e.seq,
@@ -245,7 +245,7 @@ WITH f AS (
     UNION ALL
     -- a claim_materialized report of a claim instance the trace does not show accepted before
     -- it: the predicate cannot hold for it (an unknown id included)
-    SELECT e.run_id, 'materialized_reported_not_accepted', {severity.disagreement}, e.seq, [e.seq],
+    SELECT e.run_id, {finding.materialized_reported_not_accepted}, {severity.disagreement}, e.seq, [e.seq],
            e.claim_id, e.claim_seq, NULL, NULL,
            format('the runtime reported claim_materialized for {} at seq {}, but the trace shows '
                   'no accepted instance of it there', e.claim_id, e.seq)
@@ -256,7 +256,7 @@ WITH f AS (
       AND e.seq < coalesce(r.unknown_from_seq, e.seq + 1)
       AND (f.claim_seq IS NULL OR f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
     UNION ALL
-    SELECT c.run_id, 'materialization_not_reported', {severity.disagreement}, c.materialized_seq,
+    SELECT c.run_id, {finding.materialization_not_reported}, {severity.disagreement}, c.materialized_seq,
            [c.materialized_seq], c.claim_id, c.claim_seq, NULL, NULL,
            format('claim {} materialized at seq {} (reconstructed) but the runtime, which '
                   'reports materialization in this run, did not report it', c.claim_id,
@@ -268,7 +268,7 @@ WITH f AS (
                   WHERE m.run_id = c.run_id AND m.event = {event.claim_materialized})
     UNION ALL
     -- the runtime's own figures disagree with its own shortfall
-    SELECT e.run_id, 'shortfall_mismatch', {severity.disagreement}, e.seq, [e.seq], NULL, NULL,
+    SELECT e.run_id, {finding.shortfall_mismatch}, {severity.disagreement}, e.seq, [e.seq], NULL, NULL,
            e.request_id, NULL,
            format('request {} at seq {}: reported shortfall {} but protected {} + required {} '
                   '- usable {} = {}', e.request_id, e.seq, e.shortfall_blocks,
@@ -288,7 +288,7 @@ WITH f AS (
     -- protects nothing, so a different protected figure, required figure (it takes no hit on
     -- protected content off), shortfall, blocker list or verdict is the expected consequence
     -- of the policy: severity info, not disagreement.
-    SELECT f.run_id, 'feasibility_disagreement',
+    SELECT f.run_id, {finding.feasibility_disagreement},
            CASE WHEN r.enforcing THEN {severity.disagreement} ELSE {severity.info} END, f.seq, [f.seq], NULL,
            NULL, f.request_id, NULL,
            format('{} of request {} at seq {}: the trace shows protected {} + live {} + '
@@ -303,7 +303,7 @@ WITH f AS (
     FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
     WHERE f.agrees = false AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
     UNION ALL
-    SELECT x.run_id, 'feasibility_figure_mismatch',
+    SELECT x.run_id, {finding.feasibility_figure_mismatch},
            CASE WHEN x.enforcing THEN {severity.disagreement} ELSE {severity.info} END, x.seq, [x.seq], NULL, NULL, x.request_id, NULL,
            format('{} of request {} at seq {}: {} rebuilt from the trace {}, the runtime '
                   'reported {}{}', x.event, x.request_id, x.seq, x.figure, x.rebuilt, x.reported,
@@ -341,7 +341,7 @@ WITH f AS (
             AND t.rebuilt <> t.reported) x
     UNION ALL
     -- what vLLM told the client it served from cache vs the prefix hit the trace shows
-    SELECT q.run_id, 'cached_tokens_mismatch', {severity.disagreement}, q.finished_seq,
+    SELECT q.run_id, {finding.cached_tokens_mismatch}, {severity.disagreement}, q.finished_seq,
            [q.finished_seq], q.claim_id, q.claim_seq, q.request_id, NULL,
            format('request {} finished at seq {}: vLLM reported {} cached tokens, the trace '
                   'shows a prefix hit of {} tokens', q.request_id, q.finished_seq,
@@ -354,7 +354,7 @@ WITH f AS (
 
     -- invariants -----------------------------------------------------------------------------
     UNION ALL
-    SELECT e.run_id, 'harm_without_acceptance', {severity.violation}, e.seq,
+    SELECT e.run_id, {finding.harm_without_acceptance}, {severity.violation}, e.seq,
            [v FOR v IN [e.seq, f.accepted_seq] IF v IS NOT NULL], e.claim_id, e.claim_seq,
            NULL, e.block_hash,
            format('claim_harmed for {} at seq {} but the claim was not accepted before it',
@@ -363,13 +363,13 @@ WITH f AS (
     LEFT JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
     WHERE e.event = {event.claim_harmed} AND (f.accepted_seq IS NULL OR f.accepted_seq > e.seq)
     UNION ALL
-    SELECT run_id, 'loss_before_release', {severity.violation}, seq, [seq, release_seq], claim_id,
+    SELECT run_id, {finding.loss_before_release}, {severity.violation}, seq, [seq, release_seq], claim_id,
            claim_seq, by_request_id, block_hash,
            format('claim {} lost block {} at seq {} (harm) before its {} at seq {}',
                   claim_id, block_id, seq, release_event, release_seq)
     FROM loss_claims WHERE label = {label.harm} AND release_seq IS NOT NULL AND seq < release_seq
     UNION ALL
-    SELECT run_id, 'label_without_prior_release', {severity.violation}, seq, [seq, decided_by_seq],
+    SELECT run_id, {finding.label_without_prior_release}, {severity.violation}, seq, [seq, decided_by_seq],
            claim_id, claim_seq, by_request_id, block_hash,
            format('loss at seq {} labelled {} without a release strictly before it',
                   seq, label)
@@ -377,7 +377,7 @@ WITH f AS (
     WHERE label IN ({label.relaxation}, {label.expiry})
       AND NOT (decided_by_seq IS NOT NULL AND decided_by_seq < seq)
     UNION ALL
-    SELECT l.run_id, 'protected_block_lost', {severity.violation}, l.seq,
+    SELECT l.run_id, {finding.protected_block_lost}, {severity.violation}, l.seq,
            [l.seq, l.accepted_seq], l.claim_id, l.claim_seq, l.by_request_id, l.block_hash,
            format('block {} (position {} of {} claim {}) was lost at seq {} while the claim '
                   'was in force under enforcing policy {}', l.block_id, l.position,
@@ -389,7 +389,7 @@ WITH f AS (
       AND l.accepted_seq < l.seq AND (l.release_seq IS NULL OR l.release_seq > l.seq)
       AND l.position < l.threshold_blocks
     UNION ALL
-    SELECT f.run_id, 'infeasible_admission', {severity.violation}, f.seq, [f.seq], NULL, NULL,
+    SELECT f.run_id, {finding.infeasible_admission}, {severity.violation}, f.seq, [f.seq], NULL, NULL,
            f.request_id, NULL,
            format('request {} admitted at seq {} with protected {} + required {} > usable {} '
                   '(rebuilt from the trace) under enforcing policy {}', f.request_id, f.seq,
@@ -397,7 +397,7 @@ WITH f AS (
     FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
     WHERE f.event = {event.request_admitted} AND r.enforcing AND NOT f.feasible
     UNION ALL
-    SELECT e.run_id, 'refusal_without_blocking_claim', {severity.violation}, e.seq, [e.seq], NULL,
+    SELECT e.run_id, {finding.refusal_without_blocking_claim}, {severity.violation}, e.seq, [e.seq], NULL,
            NULL, e.request_id, NULL,
            format('request {} refused at seq {} without naming a blocking claim',
                   e.request_id, e.seq)
@@ -406,12 +406,12 @@ WITH f AS (
     UNION ALL
     SELECT x.run_id,
            CASE WHEN f.claim_id IS NULL OR f.submitted_seq IS NULL
-                    THEN 'refusal_names_unknown_claim'
+                    THEN {finding.refusal_names_unknown_claim}
                 WHEN f.accepted_seq IS NULL OR f.accepted_seq > x.seq
-                     OR f.release_seq < x.seq THEN 'refusal_names_claim_not_in_force'
+                     OR f.release_seq < x.seq THEN {finding.refusal_names_claim_not_in_force}
                 WHEN m.materialized_seq IS NULL OR m.materialized_seq > x.seq
-                    THEN 'refusal_names_unmaterialized_claim'
-                ELSE 'refusal_names_unprotected_claim' END,
+                    THEN {finding.refusal_names_unmaterialized_claim}
+                ELSE {finding.refusal_names_unprotected_claim} END,
            {severity.violation}, x.seq,
            [v FOR v IN [x.seq, f.accepted_seq, f.release_seq] IF v IS NOT NULL],
            x.claim_id, x.claim_seq, x.request_id, NULL,
@@ -429,7 +429,10 @@ WITH f AS (
     UNION ALL
     -- a refusal or deferral is justified only when the rebuilt figures are infeasible and it
     -- names the claims whose blocks were needed (issue 24 item 3) -- self-contained block
-    SELECT f.run_id, 'unjustified_' || f.decision, {severity.violation}, f.seq, [f.seq], NULL, NULL,
+    SELECT f.run_id,
+           CASE f.event WHEN {event.request_refused} THEN {finding.unjustified_refused}
+                        ELSE {finding.unjustified_deferred} END,
+           {severity.violation}, f.seq, [f.seq], NULL, NULL,
            f.request_id, NULL,
            format('request {} {} at seq {} although it fit: protected {} + live {} + required '
                   '{} <= usable {} (rebuilt from the trace)', f.request_id, f.decision, f.seq,
@@ -438,7 +441,7 @@ WITH f AS (
     WHERE f.event IN ({event.request_deferred}, {event.request_refused}) AND f.feasible
       AND f.seq < coalesce(r.unknown_from_seq, f.seq + 1)
     UNION ALL
-    SELECT x.run_id, 'refusal_names_claim_holding_no_blocks', {severity.violation}, x.seq, [x.seq],
+    SELECT x.run_id, {finding.refusal_names_claim_holding_no_blocks}, {severity.violation}, x.seq, [x.seq],
            x.claim_id, x.claim_seq, x.request_id, NULL,
            format('request {} {} at seq {} naming claim {}, which held no protected block '
                   'there (rebuilt from the trace)', x.request_id,
@@ -457,7 +460,7 @@ WITH f AS (
 
     UNION ALL
     -- the manifest's lowering claim vs the class the evidence supports -- self-contained block
-    SELECT l.run_id, 'lowering_value_unknown', {severity.disagreement}, NULL::BIGINT, []::BIGINT[],
+    SELECT l.run_id, {finding.lowering_value_unknown}, {severity.disagreement}, NULL::BIGINT, []::BIGINT[],
            NULL, NULL, NULL, NULL,
            format('the manifest declares a lowering for mode {} that is not a lowering class '
                   '(one of: {}); the evidence gives {}', l.mode,
@@ -465,7 +468,7 @@ WITH f AS (
                        (SELECT DISTINCT class, rank FROM kv_lowering_words)), l.verdict)
     FROM lowering l WHERE l.declared_in_vocabulary = false
     UNION ALL
-    SELECT l.run_id, 'lowering_claim_unsupported',
+    SELECT l.run_id, {finding.lowering_claim_unsupported},
            CASE WHEN l.verdict = 'unknown evidence' THEN {severity.info} ELSE {severity.disagreement} END,
            l.broken_seq, [v FOR v IN [l.broken_seq] IF v IS NOT NULL], NULL, NULL, NULL, NULL,
            format('the manifest declares {} for mode {}; the run''s evidence gives {}: {}',
@@ -477,7 +480,7 @@ WITH f AS (
     UNION ALL
     -- chunking does not bound live KV: the runtime judged a chunked request's admission on
     -- fewer blocks than its full prompt less hits -- self-contained block
-    SELECT f.run_id, 'chunk_counted_as_need', {severity.disagreement}, f.seq, [f.seq], NULL, NULL,
+    SELECT f.run_id, {finding.chunk_counted_as_need}, {severity.disagreement}, f.seq, [f.seq], NULL, NULL,
            f.request_id, NULL,
            format('request {} admitted at seq {} and allocated over {} scheduler steps: the '
                   'runtime counted {} block(s), its full prompt less hits is {}', f.request_id,
@@ -495,7 +498,7 @@ WITH f AS (
     UNION ALL
     -- a release asked for by someone who does not own the claim, refused by the arbiter:
     -- shown because it is an attempt to strip another tenant's protection (issue 8 item 8)
-    SELECT x.run_id, {event.claim_release_refused}, {severity.security}, x.seq, [x.seq], x.claim_id,
+    SELECT x.run_id, {finding.claim_release_refused}, {severity.security}, x.seq, [x.seq], x.claim_id,
            x.claim_seq, x.request_id, NULL,
            format('a release of claim {} (tenant {}) was refused at seq {}: asked by {} '
                   '(request {}){}', x.claim_id, coalesce(f.tenant, '?'), x.seq,
@@ -508,21 +511,21 @@ WITH f AS (
 
     -- anomalies ------------------------------------------------------------------------------
     UNION ALL
-    SELECT l.run_id, 'evicted_unknown_content', {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
+    SELECT l.run_id, {finding.evicted_unknown_content}, {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, NULL,
            format('block {} evicted at seq {} without a hash and without a prior block_cached: '
                   'its label is unknown', l.block_id, l.seq)
     FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE l.block_hash IS NULL AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
-    SELECT l.run_id, 'evicted_block_not_resident', {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
+    SELECT l.run_id, {finding.evicted_block_not_resident}, {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.block_hash,
            format('block {} evicted at seq {} but it held no cached content', l.block_id, l.seq)
     FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE NOT l.was_resident AND l.block_hash IS NOT NULL
       AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
-    SELECT l.run_id, 'evicted_hash_mismatch', {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
+    SELECT l.run_id, {finding.evicted_hash_mismatch}, {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.reported_hash,
            format('block {} evicted at seq {} with hash {} but it held {}', l.block_id, l.seq,
                   l.reported_hash, l.held_hash)
@@ -530,13 +533,13 @@ WITH f AS (
     WHERE l.reported_hash IS NOT NULL AND l.held_hash IS NOT NULL
       AND l.reported_hash <> l.held_hash
     UNION ALL
-    SELECT c.run_id, 'block_overwritten', {severity.anomaly}, c.end_seq, [c.start_seq, c.end_seq],
+    SELECT c.run_id, {finding.block_overwritten}, {severity.anomaly}, c.end_seq, [c.start_seq, c.end_seq],
            NULL, NULL, NULL, c.block_hash,
            format('block {} cached new content at seq {} without evicting what it held since '
                   'seq {}', c.block_id, c.end_seq, c.start_seq)
     FROM kv_copies c WHERE c.end_kind = 'overwritten'
     UNION ALL
-    SELECT run_id, 'claim_never_submitted', {severity.anomaly},
+    SELECT run_id, {finding.claim_never_submitted}, {severity.anomaly},
            coalesce(accepted_seq, rejected_seq, release_seq, reported_harm_seq),
            [v FOR v IN [accepted_seq, rejected_seq, release_seq] IF v IS NOT NULL],
            claim_id, claim_seq, NULL, NULL,
@@ -544,7 +547,7 @@ WITH f AS (
                   {claim_outcome.unknown}, claim_id)
     FROM kv_claim_facts WHERE submitted_seq IS NULL
     UNION ALL
-    SELECT f.run_id, 'claim_never_decided', {severity.anomaly}, f.submitted_seq, [f.submitted_seq],
+    SELECT f.run_id, {finding.claim_never_decided}, {severity.anomaly}, f.submitted_seq, [f.submitted_seq],
            f.claim_id, f.claim_seq, f.request_id, NULL,
            format('claim {} was submitted at seq {} but never accepted or rejected',
                   f.claim_id, f.submitted_seq)
@@ -563,19 +566,19 @@ WITH f AS (
                   'force (later losses are judged as if it had not happened)', x.event,
                   x.claim_id, x.seq,
                   CASE x.broken_rule
-                      WHEN 'demoted_not_demotable' THEN format(
+                      WHEN {finding.demoted_not_demotable} THEN format(
                           'only a demotable claim may be demoted, this one is {}',
                           coalesce(x.protection_mode, '?'))
-                      WHEN 'expired_not_expiring' THEN format(
+                      WHEN {finding.expired_not_expiring} THEN format(
                           'only an expiring claim may expire, this one is {}',
                           coalesce(x.protection_mode, '?'))
-                      WHEN 'expired_without_ttl' THEN 'the claim declared no ttl_s'
-                      WHEN 'expired_before_ttl' THEN format(
+                      WHEN {finding.expired_without_ttl} THEN 'the claim declared no ttl_s'
+                      WHEN {finding.expired_before_ttl} THEN format(
                           'ttl_s {} had not elapsed since its acceptance (at {} ns, expiry at '
                           '{} ns)', x.ttl_s, coalesce(x.accepted_ts_ns::VARCHAR, '?'), x.ts_ns)
-                      WHEN 'released_not_by_owner' THEN
+                      WHEN {finding.released_not_by_owner} THEN
                           'released_by tenant, but asked by another tenant than the claim''s'
-                      WHEN 'released_by_arbiter' THEN
+                      WHEN {finding.released_by_arbiter} THEN
                           'the arbiter ends a claim only by demotion or expiry'
                       ELSE 'released_by names neither the operator nor the claim''s tenant'
                   END)
@@ -583,7 +586,7 @@ WITH f AS (
     WHERE NOT x.legit
     UNION ALL
     -- the source format never carries what the rule reads: the runtime's word is kept
-    SELECT x.run_id, 'lifecycle_unverified', {severity.anomaly}, x.seq, [x.seq], x.claim_id,
+    SELECT x.run_id, {finding.lifecycle_unverified}, {severity.anomaly}, x.seq, [x.seq], x.claim_id,
            x.claim_seq, x.by_request_id, NULL,
            format('{} of claim {} at seq {} is the runtime''s word: the {} format records no '
                   '{}, so whether the contract allowed it cannot be checked', x.event,
@@ -597,7 +600,7 @@ WITH f AS (
     WHERE NOT x.verified AND x.broken_rule IS NOT NULL
     UNION ALL
     -- a demotion must make room for a named request that could not be admitted without it
-    SELECT d.run_id, 'demotion_unjustified', {severity.violation}, d.seq,
+    SELECT d.run_id, {finding.demotion_unjustified}, {severity.violation}, d.seq,
            [v FOR v IN [d.seq, d.decision_seq] IF v IS NOT NULL], d.claim_id, d.claim_seq,
            d.by_request_id, NULL,
            CASE WHEN d.by_request_id IS NULL
@@ -617,7 +620,7 @@ WITH f AS (
     WHERE NOT d.justified
     UNION ALL
     -- evidence comes from the timeline: a hit on a block that does not hold that content
-    SELECT h.run_id, 'hit_not_resident', {severity.disagreement}, h.seq, [h.seq], NULL, NULL,
+    SELECT h.run_id, {finding.hit_not_resident}, {severity.disagreement}, h.seq, [h.seq], NULL, NULL,
            h.request_id, h.block_hash,
            format('block_hit at seq {} on block {} with hash {}, but the block held {} there: '
                   'not counted as presence (it repairs no loss)', h.seq, h.block_id,

@@ -36,49 +36,9 @@ WITH fk AS (
     SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> {severity.info}
 ), fails AS (
     -- the finding kinds that fail each check
+    -- NOTE: checks.Check.fails_on is the one list; core.stage_sql fills the marker with it
     SELECT * FROM (VALUES
-        ('L1', 'harm_without_acceptance'),
-        ('L3', 'infeasible_admission'), ('L3', 'protected_block_lost'),
-        ('L3', 'refusal_without_blocking_claim'), ('L3', 'refusal_names_unknown_claim'),
-        ('L3', 'refusal_names_claim_not_in_force'), ('L3', 'refusal_names_unmaterialized_claim'),
-        ('L3', 'refusal_names_unprotected_claim'),
-        ('L6', 'materialized_reported_predicate_false'),
-        ('L7', 'harm_not_reported'), ('L7', 'harm_reported_not_reconstructed'),
-        ('L7', 'harm_reported_before_loss'), ('L7', 'materialized_reported_predicate_false'),
-        ('L7', 'materialization_not_reported'), ('L7', 'shortfall_mismatch'),
-        ('L7', 'cached_tokens_mismatch'),
-        ('INV_no_harm_without_acceptance', 'harm_without_acceptance'),
-        ('INV_release_precedes_loss', 'loss_before_release'),
-        ('INV_release_precedes_loss', 'label_without_prior_release'),
-        ('INV_refusal_names_protected_claim', 'refusal_without_blocking_claim'),
-        ('INV_refusal_names_protected_claim', 'refusal_names_unknown_claim'),
-        ('INV_refusal_names_protected_claim', 'refusal_names_claim_not_in_force'),
-        ('INV_refusal_names_protected_claim', 'refusal_names_unmaterialized_claim'),
-        ('INV_refusal_names_protected_claim', 'refusal_names_unprotected_claim'),
-        ('INV_no_protected_loss', 'protected_block_lost'),
-        ('INV_feasible_admission', 'infeasible_admission'),
-        -- feasibility rebuilt (issue 24 item 3) -- self-contained block
-        ('L3', 'unjustified_refused'), ('L3', 'unjustified_deferred'),
-        ('L3', 'refusal_names_claim_holding_no_blocks'),
-        ('INV_refusal_names_protected_claim', 'unjustified_refused'),
-        ('INV_refusal_names_protected_claim', 'refusal_names_claim_holding_no_blocks'),
-        ('L6', 'materialized_reported_not_accepted'),
-        ('L7', 'materialized_reported_not_accepted'),
-        ('L_feasibility', 'infeasible_admission'), ('L_feasibility', 'unjustified_refused'),
-        ('L_feasibility', 'unjustified_deferred'),
-        ('L_feasibility', 'refusal_names_claim_holding_no_blocks'),
-        ('L_feasibility', 'feasibility_disagreement'),
-        ('L_feasibility', 'feasibility_figure_mismatch'),
-        ('L_chunking', 'chunk_counted_as_need'),
-        ('L_lowering', 'lowering_claim_unsupported'), ('L_lowering', 'lowering_value_unknown'),
-        -- lifecycle legitimacy and timeline evidence (07_findings, its own block)
-        ('L4', 'demoted_not_demotable'), ('L4', 'demotion_unjustified'),
-        ('L5', 'expired_not_expiring'), ('L5', 'expired_without_ttl'),
-        ('L5', 'expired_before_ttl'),
-        ('INV_release_by_owner', 'released_not_by_owner'),
-        ('INV_release_by_owner', 'released_by_arbiter'),
-        ('INV_release_by_owner', 'released_by_unknown'),
-        ('L7', 'hit_not_resident')
+        /*@KV_CHECK_FAILS@*/
     ) t(check_name, kind)
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
@@ -274,7 +234,7 @@ WITH fk AS (
     -- Each check: exercised (its situation occurred), extra failing seqs beyond findings,
     -- the seqs that show what was exercised, and a detail line for a pass.
     -- L1: no accepted claim -> no harm -------------------------------------------------------
-    SELECT r.run_id, 'L1' AS check_name,
+    SELECT r.run_id, {check.L1} AS check_name,
            u.n IS NOT NULL
            OR EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
                       AND e.event = {event.claim_harmed}) AS exercised,
@@ -288,7 +248,7 @@ WITH fk AS (
     LEFT JOIN uncovered u ON u.run_id = r.run_id
     UNION ALL
     -- L2: write no-admit serves the active request, yet residents are still evicted ----------
-    SELECT r.run_id, 'L2',
+    SELECT r.run_id, {check.L2},
            EXISTS (SELECT 1 FROM denied d WHERE d.run_id = r.run_id AND d.served
                      AND len(coalesce(d.lost, [])) > 0),
            (SELECT nullif(flatten(list(
@@ -307,7 +267,7 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     -- L3: an accepted hard claim turns infeasibility into a refusal naming it; no block lost --
-    SELECT r.run_id, 'L3',
+    SELECT r.run_id, {check.L3},
            r.enforcing AND EXISTS (SELECT 1 FROM hard_conflicts h WHERE h.run_id = r.run_id),
            CASE WHEN r.enforcing THEN nullif(
                coalesce((SELECT list(x.first_harm_seq) FROM claims x WHERE x.run_id = r.run_id
@@ -364,11 +324,11 @@ WITH fk AS (
            (SELECT list(x.claim_seq ORDER BY x.claim_seq) FROM released x
             WHERE x.run_id = r.run_id AND x.release_event = t.ev AND x.n_later > 0)
     FROM kv_runs r,
-         (VALUES ('L4', {event.claim_demoted}, {label.relaxation}),
-                 ('L5', {event.claim_expired}, {label.expiry})) t(check_name, ev, label)
+         (VALUES ({check.L4}, {event.claim_demoted}, {label.relaxation}),
+                 ({check.L5}, {event.claim_expired}, {label.expiry})) t(check_name, ev, label)
     UNION ALL
     -- L6: surviving block count is not the predicate ----------------------------------------
-    SELECT r.run_id, 'L6',
+    SELECT r.run_id, {check.L6},
            EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
                      AND e.event = {event.claim_materialized})
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
@@ -388,7 +348,7 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
-    SELECT r.run_id, 'L7',
+    SELECT r.run_id, {check.L7},
            EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
                      AND e.event IN ({event.claim_harmed}, {event.claim_materialized}, {event.request_refused}))
            OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
@@ -410,7 +370,7 @@ WITH fk AS (
     FROM kv_runs r LEFT JOIN cached ch ON ch.run_id = r.run_id
     UNION ALL
     -- invariants ------------------------------------------------------------------------------
-    SELECT r.run_id, 'INV_no_harm_without_acceptance',
+    SELECT r.run_id, {check.INV_no_harm_without_acceptance},
            EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
                      AND e.event = {event.claim_harmed})
            OR EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
@@ -423,7 +383,7 @@ WITH fk AS (
             WHERE x.run_id = r.run_id AND x.event = {event.claim_harmed})
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'INV_release_precedes_loss',
+    SELECT r.run_id, {check.INV_release_precedes_loss},
            -- a loss of a released instance's content (before or after its release)
            EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
                      AND x.release_seq IS NOT NULL),
@@ -435,7 +395,7 @@ WITH fk AS (
             WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL)
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'INV_refusal_names_protected_claim',
+    SELECT r.run_id, {check.INV_refusal_names_protected_claim},
            EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
                      AND e.event = {event.request_refused}),
            NULL,
@@ -446,7 +406,7 @@ WITH fk AS (
             WHERE x.run_id = r.run_id AND x.event = {event.request_refused})
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'INV_no_protected_loss',
+    SELECT r.run_id, {check.INV_no_protected_loss},
            r.enforcing AND pl.run_id IS NOT NULL,
            NULL,
            (SELECT list(c.accepted_seq ORDER BY c.accepted_seq) FROM c
@@ -457,7 +417,7 @@ WITH fk AS (
             WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL)
     FROM kv_runs r LEFT JOIN pinned_losses pl ON pl.run_id = r.run_id
     UNION ALL
-    SELECT r.run_id, 'INV_feasible_admission',
+    SELECT r.run_id, {check.INV_feasible_admission},
            r.enforcing AND EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
                                      AND f.event = {event.request_admitted}
                                      AND f.protected_blocks > 0),
@@ -471,7 +431,7 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     -- feasibility, chunking and lowering litmus (issue 24 items 3-5) -- self-contained block
-    SELECT r.run_id, 'L_feasibility',
+    SELECT r.run_id, {check.L_feasibility},
            r.enforcing AND EXISTS (
                SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
                  AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
@@ -490,7 +450,7 @@ WITH fk AS (
             WHERE f.run_id = r.run_id AND f.protected_blocks > 0 AND f.live_blocks > 0)
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'L_chunking',
+    SELECT r.run_id, {check.L_chunking},
            EXISTS (SELECT 1 FROM chunked_adm x WHERE x.run_id = r.run_id),
            NULL,
            (SELECT list(x.seq ORDER BY x.seq) FROM chunked_adm x WHERE x.run_id = r.run_id),
@@ -501,7 +461,7 @@ WITH fk AS (
            NULL
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'L_lowering',
+    SELECT r.run_id, {check.L_lowering},
            EXISTS (SELECT 1 FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
            NULL, []::BIGINT[],
            (SELECT format('{} mode(s) declared in the manifest, none contradicted by the run''s '
@@ -511,7 +471,7 @@ WITH fk AS (
     FROM kv_runs r
     UNION ALL
     -- only the owner or the operator releases (verified releases; findings fail it) ---------
-    SELECT r.run_id, 'INV_release_by_owner',
+    SELECT r.run_id, {check.INV_release_by_owner},
            -- NOTE: a release the format cannot verify (no released_by) does not exercise it
            EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
                      AND x.event = {event.claim_released} AND x.verified),
@@ -528,7 +488,7 @@ WITH fk AS (
     FROM kv_runs r
     -- litmus: soft order, thresholded value, materialization failure (self-contained) -------
     UNION ALL
-    SELECT r.run_id, 'LIT_soft_order',
+    SELECT r.run_id, {check.LIT_soft_order},
            r.enforcing AND EXISTS (SELECT 1 FROM lit_soft x WHERE x.run_id = r.run_id),
            CASE WHEN r.enforcing THEN (SELECT nullif(list(x.seq ORDER BY x.seq)
                                                      FILTER (WHERE x.label = {label.harm}),
@@ -541,7 +501,7 @@ WITH fk AS (
            (SELECT list(DISTINCT x.claim_seq) FROM lit_soft x WHERE x.run_id = r.run_id)
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'LIT_thresholded_value',
+    SELECT r.run_id, {check.LIT_thresholded_value},
            EXISTS (SELECT 1 FROM lit_value x WHERE x.run_id = r.run_id),
            (SELECT nullif(list(x.seq ORDER BY x.seq) FILTER (WHERE NOT x.ok), []::BIGINT[])
             FROM lit_value x WHERE x.run_id = r.run_id),
@@ -554,7 +514,7 @@ WITH fk AS (
            (SELECT list(DISTINCT x.claim_seq) FROM lit_value x WHERE x.run_id = r.run_id)
     FROM kv_runs r
     UNION ALL
-    SELECT r.run_id, 'LIT_materialization_failure',
+    SELECT r.run_id, {check.LIT_materialization_failure},
            EXISTS (SELECT 1 FROM lit_unmat x WHERE x.run_id = r.run_id),
            (SELECT nullif(flatten(list(x.bad_seqs)), []::BIGINT[])
             FROM lit_unmat x WHERE x.run_id = r.run_id),
@@ -598,7 +558,7 @@ WITH fk AS (
                     AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
                          OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
-               WHEN j.check_name IN ('L3', 'INV_refusal_names_protected_claim', 'L_feasibility')
+               WHEN j.check_name IN ({check.L3}, {check.INV_refusal_names_protected_claim}, {check.L_feasibility})
                     AND ub.seqs IS NOT NULL THEN 'unrebuilt'
                WHEN NOT j.exercised THEN {verdict.not_exercised}
                ELSE {verdict.pass}
