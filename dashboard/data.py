@@ -31,8 +31,8 @@ from typing import Any, Final, TypeAlias
 import pandas as pd
 
 import kvclaims
-from kvclaims.contract.vocabulary import (CHECK_VERDICTS, CLAIM_OUTCOME, EVENT, LABEL, LABELS,
-                                          REQUEST_OUTCOME, VERDICT, fill_sql)
+from kvclaims.contract.vocabulary import (CHECK_VERDICTS, CLAIM_OUTCOME, DECISION, EVENT, LABEL,
+                                          LABELS, REQUEST_OUTCOME, VERDICT, fill_sql)
 from kvclaims.audit import is_dataset
 from kvclaims.contract.schema import InputError
 from kvclaims.explaining import explain, tenants_by_harm
@@ -506,7 +506,7 @@ def harm_evictors(source: Source, run_id: str, claim_seq: int) -> pd.DataFrame:
     req = a.tables["requests"]
     req = req[req["run_id"] == run_id][["request_id", "tenant"]]
     feas = a.tables["feasibility"]
-    feas = feas[(feas["run_id"] == run_id) & (feas["decision"] == "admitted")]
+    feas = feas[(feas["run_id"] == run_id) & (feas["decision"] == DECISION.admitted)]
     feas = feas.drop_duplicates("request_id", keep="last")[
         ["request_id", "seq", "required_blocks", "live_blocks", "protected_blocks",
          "usable_blocks", "free_blocks", "feasible", "policy", "enforcing"]].rename(
@@ -890,7 +890,7 @@ def capacity_decisions(source: Source) -> pd.DataFrame:
     and every admission that was infeasible or where the runtime's verdict differs; the rebuilt
     figures first, the runtime's beside them."""
     df = _audit(source).tables["feasibility"]
-    keep = (df["decision"] != "admitted") | (df["feasible"] == False) | (  # noqa: E712
+    keep = (df["decision"] != DECISION.admitted) | (df["feasible"] == False) | (  # noqa: E712
         df["agrees"] == False)  # noqa: E712
     cols = ["run_id", "seq", "decision", "request_id", "protected_blocks", "live_blocks",
             "required_blocks", "usable_blocks", "feasible", "shortfall_blocks",

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, EVENT, LABEL, LABELS, MODE,
+from kvclaims.contract.vocabulary import (CLAIM_OUTCOME, DECISION, EVENT, LABEL, LABELS, MODE,
                                           REQUEST_OUTCOME, fill_sql)
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
@@ -775,8 +775,9 @@ class _Facts:
                         for k, v in cols.items())
         rel = self.con.execute(f"""
             SELECT {sel} FROM feasibility
-            WHERE run_id = $r AND request_id = $q AND decision = 'admitted'
-            ORDER BY seq > $s, abs(seq - $s) LIMIT 1""", {"r": run_id, "q": request_id, "s": seq})
+            WHERE run_id = $r AND request_id = $q AND decision = $d
+            ORDER BY seq > $s, abs(seq - $s) LIMIT 1""",
+            {"r": run_id, "q": request_id, "s": seq, "d": DECISION.admitted})
         row = rel.fetchone()
         return None if row is None else {**dict(zip(cols, row)), "_run": run_id}
 

@@ -20,7 +20,7 @@ SELECT
     decision,
     -- infeasible_admission (admitted, did not fit) | needless_refusal (deferred or refused,
     -- would have fit)
-    CASE WHEN decision = 'admitted' THEN {finding.infeasible_admission} ELSE 'needless_refusal' END
+    CASE WHEN decision = {decision.admitted} THEN {finding.infeasible_admission} ELSE 'needless_refusal' END
         AS violation,
     -- blocks protected by claims in force (rebuilt from the block timeline)
     protected_blocks,
@@ -41,6 +41,6 @@ SELECT
     -- whether the policy enforces claims
     enforcing
 FROM feasibility
-WHERE (decision = 'admitted' AND NOT feasible)
-   OR (decision IN ('deferred', {request_outcome.refused}) AND feasible)
+WHERE (decision = {decision.admitted} AND NOT feasible)
+   OR (decision IN ({decision.deferred}, {decision.refused}) AND feasible)
 ORDER BY run_id, seq;

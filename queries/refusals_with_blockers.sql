@@ -7,7 +7,7 @@ WITH d AS (
     SELECT f.*, unnest(CASE WHEN array_length(coalesce(f.blocking_claim_ids, [])) = 0 THEN [NULL]
                             ELSE f.blocking_claim_ids END) AS blocking_claim_id
     FROM feasibility f
-    WHERE f.decision IN ('deferred', {request_outcome.refused})
+    WHERE f.decision IN ({decision.deferred}, {decision.refused})
 ), subs AS (
     SELECT run_id, claim_id, seq AS claim_seq, tenant, protection_mode
     FROM events WHERE event = {event.claim_submitted}

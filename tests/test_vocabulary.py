@@ -19,9 +19,11 @@ SQL_FILES = sorted([*(REPO / "reconstruct" / "sql").glob("*.sql"),
 # Python that renders the vocabulary to people: every term it names comes from the module.
 PY_FILES = sorted([*(REPO / "dashboard").glob("*.py"), REPO / "kvclaims" / "explaining.py"])
 TERMS = frozenset(t for names in V.GROUPS.values() for t in names)
-# NOTE: Python pages name these groups through the module (``LABEL.harm``); releasers and
-# eviction causes are also column names there (``tenant``) and are checked in SQL only.
-PY_TERMS = frozenset(t for g, names in V.GROUPS.items() if g not in ("releaser", "cause")
+# NOTE: Python pages name these groups through the module (``LABEL.harm``); releasers, eviction
+# causes, decisions and a run's evidence are also column names or lane states there (``tenant``,
+# ``deferred``) and are checked in SQL only.
+PY_TERMS = frozenset(t for g, names in V.GROUPS.items()
+                     if g not in ("releaser", "cause", "decision", "evidence", "lifecycle_source")
                      for t in names)
 _QUOTED = re.compile(r"'([A-Za-z0-9_]+)'")
 

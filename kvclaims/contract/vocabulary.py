@@ -100,6 +100,17 @@ CHECK_NAMES: Final[tuple[str, ...]] = (
     "INV_feasible_admission", "INV_release_by_owner", "LIT_soft_order", "LIT_thresholded_value",
     "LIT_materialization_failure", "L_feasibility", "L_chunking", "L_lowering")
 
+# -- admission decisions (feasibility.decision: the request_* event, docs/conformance.md) --------
+DECISIONS: Final[tuple[str, ...]] = ("admitted", "deferred", "refused")
+
+# -- where a run's evidence comes from (runs.evidence, runs.lifecycle_source) --------------------
+# in_engine: our recorder, imports, fixtures; observed: the stock-vLLM listener (claims declared
+# beside the engine: no in-engine requests or admissions, docs/stock-vllm.md).
+RUN_EVIDENCE: Final[tuple[str, ...]] = ("in_engine", "observed")
+# The format a run's lifecycle events come from: the paper prototype's records no ttl_s and no
+# released_by (docs/design.md §5 "Lifecycle legitimacy").
+LIFECYCLE_SOURCES: Final[tuple[str, ...]] = ("kvclaims", "prototype")
+
 # -- verdicts (docs/conformance.md) --------------------------------------------------------------
 # A check that nothing in the run exercised is ``not_exercised``, never a pass.
 CHECK_VERDICTS: Final[tuple[str, ...]] = ("fail", "unknown", "pass", "not_exercised")
@@ -123,7 +134,8 @@ GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "policy": POLICY_NAMES, "label": LABELS, "claim_outcome": CLAIM_OUTCOMES,
     "request_outcome": REQUEST_OUTCOMES, "severity": FINDING_SEVERITIES,
     "verdict": CHECK_VERDICTS, "releaser": RELEASERS, "finding": FINDING_KINDS,
-    "check": CHECK_NAMES,
+    "check": CHECK_NAMES, "decision": DECISIONS, "evidence": RUN_EVIDENCE,
+    "lifecycle_source": LIFECYCLE_SOURCES,
 }
 _TERM: Final = re.compile(r"\{([a-z_]+)\.([A-Za-z0-9_]+)\}")
 
@@ -161,4 +173,5 @@ REQUEST_OUTCOME: Final = _terms(REQUEST_OUTCOMES)
 SEVERITY: Final = _terms(FINDING_SEVERITIES)
 VERDICT: Final = _terms(CHECK_VERDICTS)
 FINDING: Final = _terms(FINDING_KINDS)
+DECISION: Final = _terms(DECISIONS)
 

@@ -16,7 +16,7 @@ WITH req AS (
     GROUP BY run_id
 ), adm AS (
     SELECT run_id,
-           sum(CASE WHEN decision = 'admitted' AND NOT feasible THEN 1 ELSE 0 END)
+           sum(CASE WHEN decision = {decision.admitted} AND NOT feasible THEN 1 ELSE 0 END)
                AS infeasible_admissions,
            max(protected_blocks) AS peak_protected_blocks
     FROM feasibility

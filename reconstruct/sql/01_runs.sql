@@ -84,15 +84,15 @@ SELECT
     r.n_hook_failures,
     -- 'observed': the stock-vLLM listener (claims declared beside the engine, no in-engine
     -- requests or admissions); 'in_engine' otherwise (our recorder, imports, fixtures)
-    CASE WHEN m.evidence = 'observed' THEN 'observed' ELSE 'in_engine' END AS evidence,
+    CASE WHEN m.evidence = {evidence.observed} THEN {evidence.observed} ELSE {evidence.in_engine} END AS evidence,
     -- The format the run's lifecycle events come from (docs/design.md §5 "Lifecycle
     -- legitimacy"): 'prototype' for the paper prototype's telemetry (kvclaims import --from
     -- arbiter-jsonl: manifest source_format, or the importer's run_started), whose format
     -- records no ttl_s and no released_by; 'kvclaims' otherwise (our recorder, JSON Lines).
     CASE WHEN coalesce(m.source_format = 'arbiter-jsonl'
                        OR r.started_runtime = 'vllm-arbiter-prototype'
-                       OR r.started_recorder LIKE 'arbiter-import-%', false) THEN 'prototype'
-         ELSE 'kvclaims' END AS lifecycle_source,
+                       OR r.started_recorder LIKE 'arbiter-import-%', false) THEN {lifecycle_source.prototype}
+         ELSE {lifecycle_source.kvclaims} END AS lifecycle_source,
     -- NOTE: released_by exists from schema 2 on (loader.COLUMN_SINCE); a run that states no
     -- schema version is read as the current one
     coalesce(r.schema_version, 2) >= 2

@@ -139,7 +139,7 @@ SELECT * EXCLUDE (unreadable),
        -- the rule broke on a field the format never carries: the runtime's word is kept
        broken_rule IS NULL OR unreadable AS legit
 FROM (SELECT *,
-             (lifecycle_source = 'prototype' AND event IN ({event.claim_demoted}, {event.claim_expired}))
+             (lifecycle_source = {lifecycle_source.prototype} AND event IN ({event.claim_demoted}, {event.claim_expired}))
              OR (NOT released_by_recorded AND event = {event.claim_released}) AS unreadable
       FROM ends);
 

@@ -71,7 +71,7 @@ WITH mode_ev AS (
                    THEN 'rejected mapping'
                WHEN d.mode = {mode.offloadable} THEN 'unknown evidence'
                WHEN d.enforced_verdict = {claim_outcome.rejected} THEN 'rejected mapping'
-               WHEN NOT d.enforcing OR d.run_evidence = 'observed'
+               WHEN NOT d.enforcing OR d.run_evidence = {evidence.observed}
                    THEN 'adapter-observational evidence'
                WHEN d.broken THEN 'rejected mapping'
                WHEN d.has_hole OR d.hook_failed_seq IS NOT NULL THEN 'unknown evidence'
@@ -97,7 +97,7 @@ SELECT c.run_id, c.mode, c.verdict,
            WHEN c.mode = {mode.offloadable} THEN 'no offloadable claim in this run, and the trace '
                                             'predates the recorder''s rejection of the mode'
            WHEN c.enforced_verdict = {claim_outcome.rejected} THEN c.enforcement
-           WHEN NOT c.enforcing OR c.run_evidence = 'observed'
+           WHEN NOT c.enforcing OR c.run_evidence = {evidence.observed}
                THEN format('policy {} enforces no claim: claims are recorded and judged, never '
                            'enforced{}', coalesce(c.policy, '(unknown)'),
                            CASE WHEN c.broken_seq IS NOT NULL
@@ -347,7 +347,7 @@ WITH f AS (
                   'shows a prefix hit of {} tokens', q.request_id, q.finished_seq,
                   q.num_cached_tokens, q.reconstructed_cached_tokens)
     FROM requests q JOIN kv_runs r ON r.run_id = q.run_id
-    WHERE r.evidence = 'in_engine'
+    WHERE r.evidence = {evidence.in_engine}
       AND q.num_cached_tokens IS NOT NULL AND q.reconstructed_cached_tokens IS NOT NULL
       AND q.num_cached_tokens <> q.reconstructed_cached_tokens
       AND q.finished_seq < coalesce(r.unknown_from_seq, q.finished_seq + 1)
@@ -591,7 +591,7 @@ WITH f AS (
            format('{} of claim {} at seq {} is the runtime''s word: the {} format records no '
                   '{}, so whether the contract allowed it cannot be checked', x.event,
                   x.claim_id, x.seq,
-                  CASE x.lifecycle_source WHEN 'prototype' THEN 'paper prototype'
+                  CASE x.lifecycle_source WHEN {lifecycle_source.prototype} THEN 'paper prototype'
                        ELSE 'schema-1' END,
                   CASE x.event WHEN {event.claim_expired} THEN 'ttl_s'
                        WHEN {event.claim_demoted} THEN 'claim lifecycle mode'

@@ -547,7 +547,7 @@ WITH fk AS (
                   coalesce(j.hook_failed_hook, '?'), j.hook_failed_seq,
                   coalesce(j.hook_failed_error, 'unknown error')) AS hook_note,
            CASE
-               WHEN j.evidence = 'observed' AND j.needs_engine THEN 'observed'
+               WHEN j.evidence = {evidence.observed} AND j.needs_engine THEN {evidence.observed}
                WHEN j.failing AND (j.hook_failed_seq IS NULL
                                    OR list_min(j.all_fail_seqs) < j.hook_failed_seq
                                    -- a failing condition without a seq is not after the hook
@@ -583,7 +583,7 @@ WITH fk AS (
 )
 SELECT
     d.run_id, d.check_name AS "check", d.title,
-    CASE d.why WHEN 'observed' THEN {verdict.not_exercised} WHEN {verdict.fail} THEN {verdict.fail}
+    CASE d.why WHEN {evidence.observed} THEN {verdict.not_exercised} WHEN {verdict.fail} THEN {verdict.fail}
                WHEN 'fail_after_hook' THEN {verdict.unknown} WHEN {severity.hole} THEN {verdict.unknown}
                WHEN 'after_hook' THEN {verdict.unknown} WHEN 'unrebuilt' THEN {verdict.unknown}
                WHEN {verdict.not_exercised} THEN {verdict.not_exercised}
@@ -591,11 +591,11 @@ SELECT
     CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN d.all_fail_seqs
          WHEN d.why = 'after_hook' THEN [d.hook_failed_seq]
          WHEN d.why = 'unrebuilt' THEN d.unrebuilt_seqs
-         WHEN d.why IN ('observed', {verdict.not_exercised}) THEN []::BIGINT[]
+         WHEN d.why IN ({evidence.observed}, {verdict.not_exercised}) THEN []::BIGINT[]
          ELSE coalesce(d.pass_seqs, []::BIGINT[])
     END AS evidence_seqs,
     CASE d.why
-        WHEN 'observed' THEN 'not exercised: an observed run (stock-vLLM listener) holds no '
+        WHEN {evidence.observed} THEN 'not exercised: an observed run (stock-vLLM listener) holds no '
                              'in-engine requests, admissions or arbiter decisions; this check '
                              'needs ' || d.needs
         WHEN {verdict.fail} THEN coalesce('failing findings: ' || d.fail_kinds
