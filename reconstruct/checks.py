@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from kvclaims.contract.vocabulary import sql_string
+from kvclaims.contract.vocabulary import CHECK, FINDING, sql_string
 
 
 @dataclass(frozen=True)
@@ -38,125 +38,132 @@ class Check:
 
 #: NOTE: the one list of checks: SQL, CLI help and docs read it; ``ord`` orders the rows.
 CHECKS: Final[tuple[Check, ...]] = (
-    Check(1, "L1", "No accepted claim, no harm",
+    Check(1, CHECK.L1, "No accepted claim, no harm",
           "a block loss not covered by a claim accepted before it, or a claim_harmed report",
           "a loss not covered by an accepted claim is labelled harm; harm_without_acceptance",
           False, False,
-          fails_on=("harm_without_acceptance",)),
-    Check(2, "L2", "Write no-admit serves the active request, yet residents are still evicted",
+          fails_on=(FINDING.harm_without_acceptance,)),
+    Check(2, CHECK.L2, "Write no-admit serves the active request, yet residents are still evicted",
           "a write_no_admit run whose reuse-denied request was served while a resident block "
           "was lost to pressure",
           "the denied request was not served (refused, aborted, preempted), or it cached a "
           "block after its denial", True, True),
-    Check(3, "L3",
+    Check(3, CHECK.L3,
           "A hard claim turns infeasibility into a refusal that names it, and loses nothing",
           "an accepted hard_protected claim under an enforcing policy facing an infeasible "
           "request (protected + active live > usable, rebuilt from the trace)",
           "a hard claim harmed; an infeasible deferral/refusal naming no hard claim; "
           "infeasible_admission; protected_block_lost; unjustified_refused or "
           "unjustified_deferred (it fit); any refusal_* finding", True, True,
-          fails_on=("infeasible_admission", "protected_block_lost",
-                    "refusal_without_blocking_claim", "refusal_names_unknown_claim",
-                    "refusal_names_claim_not_in_force", "refusal_names_unmaterialized_claim",
-                    "refusal_names_unprotected_claim", "unjustified_refused",
-                    "unjustified_deferred", "refusal_names_claim_holding_no_blocks")),
-    Check(4, "L4", "Demotion strictly precedes every later loss, which is relaxation, not harm",
+          fails_on=(FINDING.infeasible_admission, FINDING.protected_block_lost,
+                    FINDING.refusal_without_blocking_claim, FINDING.refusal_names_unknown_claim,
+                    FINDING.refusal_names_claim_not_in_force,
+                    FINDING.refusal_names_unmaterialized_claim,
+                    FINDING.refusal_names_unprotected_claim, FINDING.unjustified_refused,
+                    FINDING.unjustified_deferred, FINDING.refusal_names_claim_holding_no_blocks)),
+    Check(4, CHECK.L4,
+          "Demotion strictly precedes every later loss, which is relaxation, not harm",
           "a demoted claim instance that later lost content",
           "a harm row of a demoted instance (a loss before its demotion)", True, True,
-          fails_on=("demoted_not_demotable", "demotion_unjustified")),
-    Check(5, "L5", "Expiry strictly precedes every later loss, which is expiry, not harm",
+          fails_on=(FINDING.demoted_not_demotable, FINDING.demotion_unjustified)),
+    Check(5, CHECK.L5, "Expiry strictly precedes every later loss, which is expiry, not harm",
           "an expired claim instance that later lost content",
           "as L4 for expired instances, or an expiry before acceptance + ttl_s (premature)",
           False, True,
-          fails_on=("expired_not_expiring", "expired_without_ttl", "expired_before_ttl")),
-    Check(6, "L6", "Surviving block count is not the predicate",
+          fails_on=(FINDING.expired_not_expiring, FINDING.expired_without_ttl,
+                    FINDING.expired_before_ttl)),
+    Check(6, CHECK.L6, "Surviving block count is not the predicate",
           "a claim_materialized report, or an accepted claim whose leading positions were "
           "never all resident",
           "materialized_reported_predicate_false (the timeline does not show positions 0..k-1 "
           "bound and resident at the report, including a claim with no bound position), or a "
           "claim_harmed for a claim that never materialized", True, True,
-          fails_on=("materialized_reported_predicate_false",
-                    "materialized_reported_not_accepted")),
-    Check(7, "L7", "The reconstruction equals what the runtime reported",
+          fails_on=(FINDING.materialized_reported_predicate_false,
+                    FINDING.materialized_reported_not_accepted)),
+    Check(7, CHECK.L7, "The reconstruction equals what the runtime reported",
           "a runtime report: claim_harmed, claim_materialized, a refusal, or a finished request "
           "whose cached tokens (reported or reconstructed) are not 0",
           "harm_not_reported, harm_reported_not_reconstructed, harm_reported_before_loss, "
           "materialized_reported_predicate_false, materialization_not_reported, "
           "shortfall_mismatch, cached_tokens_mismatch", True, True,
-          fails_on=("harm_not_reported", "harm_reported_not_reconstructed",
-                    "harm_reported_before_loss", "materialized_reported_predicate_false",
-                    "materialization_not_reported", "shortfall_mismatch",
-                    "cached_tokens_mismatch", "materialized_reported_not_accepted",
-                    "hit_not_resident")),
-    Check(8, "INV_no_harm_without_acceptance", "No harm without acceptance",
+          fails_on=(FINDING.harm_not_reported, FINDING.harm_reported_not_reconstructed,
+                    FINDING.harm_reported_before_loss,
+                    FINDING.materialized_reported_predicate_false,
+                    FINDING.materialization_not_reported, FINDING.shortfall_mismatch,
+                    FINDING.cached_tokens_mismatch, FINDING.materialized_reported_not_accepted,
+                    FINDING.hit_not_resident)),
+    Check(8, CHECK.INV_no_harm_without_acceptance, "No harm without acceptance",
           "a harm, reported or reconstructed", "harm_without_acceptance", False, False,
-          fails_on=("harm_without_acceptance",)),
-    Check(9, "INV_release_precedes_loss",
+          fails_on=(FINDING.harm_without_acceptance,)),
+    Check(9, CHECK.INV_release_precedes_loss,
           "A release strictly precedes its relaxation/expiry losses",
           "a loss of a released, demoted or expired claim instance's content",
           "loss_before_release, label_without_prior_release", False, False,
-          fails_on=("loss_before_release", "label_without_prior_release")),
-    Check(10, "INV_refusal_names_protected_claim",
+          fails_on=(FINDING.loss_before_release, FINDING.label_without_prior_release)),
+    Check(10, CHECK.INV_refusal_names_protected_claim,
           "Every refusal names an in-force, materialized, protected claim", "a request_refused",
           "any refusal_* finding; unjustified_refused (the request fit, rebuilt)", True, True,
-          fails_on=("refusal_without_blocking_claim", "refusal_names_unknown_claim",
-                    "refusal_names_claim_not_in_force", "refusal_names_unmaterialized_claim",
-                    "refusal_names_unprotected_claim", "unjustified_refused",
-                    "refusal_names_claim_holding_no_blocks")),
-    Check(11, "INV_no_protected_loss",
+          fails_on=(FINDING.refusal_without_blocking_claim, FINDING.refusal_names_unknown_claim,
+                    FINDING.refusal_names_claim_not_in_force,
+                    FINDING.refusal_names_unmaterialized_claim,
+                    FINDING.refusal_names_unprotected_claim, FINDING.unjustified_refused,
+                    FINDING.refusal_names_claim_holding_no_blocks)),
+    Check(11, CHECK.INV_no_protected_loss,
           "No block of an in-force protected claim is lost under an enforcing policy",
           "a block loss while an accepted claim of a pinning mode was in force under an "
           "enforcing policy", "protected_block_lost", True, True,
-          fails_on=("protected_block_lost",)),
-    Check(12, "INV_feasible_admission", "Every admission is feasible under an enforcing policy",
+          fails_on=(FINDING.protected_block_lost,)),
+    Check(12, CHECK.INV_feasible_admission,
+          "Every admission is feasible under an enforcing policy",
           "an admission under an enforcing policy while claims protected blocks (rebuilt)",
           "infeasible_admission (protected + active live > usable, rebuilt from the trace)",
           True, True,
-          fails_on=("infeasible_admission",)),
+          fails_on=(FINDING.infeasible_admission,)),
     # lifecycle legitimacy (docs/design.md §2 "Ownership", §5 "Lifecycle legitimacy")
-    Check(13, "INV_release_by_owner",
+    Check(13, CHECK.INV_release_by_owner,
           "Only the claim's own tenant or the operator ends a claim by release",
           "a claim_released whose format records released_by",
           "released_not_by_owner, released_by_arbiter, released_by_unknown", False, False,
-          fails_on=("released_not_by_owner", "released_by_arbiter", "released_by_unknown")),
+          fails_on=(FINDING.released_not_by_owner, FINDING.released_by_arbiter,
+                    FINDING.released_by_unknown)),
     # the seeds' label-side litmus
-    Check(14, "LIT_soft_order",
+    Check(14, CHECK.LIT_soft_order,
           "A soft-priority claim loses blocks only after lower-priority content",
           "a loss of a soft_priority claim's block (position < k) while in force, under an "
           "enforcing policy",
           "such a loss labelled harm: a lower-priority evictable block (docs/design.md §3, the "
           "one statement of the order) existed", True, True),
-    Check(15, "LIT_thresholded_value",
+    Check(15, CHECK.LIT_thresholded_value,
           "Value counts only a leading contiguous prefix of at least the threshold",
           "a loss of a materialized, in-force claim that broke its predicate while other bound "
           "blocks survived, or a loss beyond its threshold that left the predicate intact",
           "the claim's value_lost is not its whole value after a loss that broke the prefix, or "
           "a loss that left the prefix whole is its first harm", False, False),
-    Check(16, "LIT_materialization_failure",
+    Check(16, CHECK.LIT_materialization_failure,
           "A claim whose predicate never held is never materialized, preserved or harmed",
           "an accepted claim whose leading prefix was never all resident while in force",
           "such a claim harmed, preserved, or reported claim_materialized", False, False),
-    Check(20, "L_feasibility", "Feasibility is the seed's inequality, rebuilt from the trace",
+    Check(20, CHECK.L_feasibility, "Feasibility is the seed's inequality, rebuilt from the trace",
           "a decision (admission, deferral, refusal) under an enforcing policy while claims "
           "protected blocks and other requests held live blocks",
           "infeasible_admission, unjustified_refused, unjustified_deferred, "
           "refusal_names_claim_holding_no_blocks, or a feasibility_disagreement / "
           "feasibility_figure_mismatch of severity disagreement", True, True,
-          fails_on=("infeasible_admission", "unjustified_refused", "unjustified_deferred",
-                    "refusal_names_claim_holding_no_blocks", "feasibility_disagreement",
-                    "feasibility_figure_mismatch")),
-    Check(21, "L_chunking", "Chunking does not bound live KV",
+          fails_on=(FINDING.infeasible_admission, FINDING.unjustified_refused,
+                    FINDING.unjustified_deferred, FINDING.refusal_names_claim_holding_no_blocks,
+                    FINDING.feasibility_disagreement, FINDING.feasibility_figure_mismatch)),
+    Check(21, CHECK.L_chunking, "Chunking does not bound live KV",
           "a request whose prompt was allocated over more than one scheduler step (chunked "
           "prefill), with its admission decision in the trace",
           "chunk_counted_as_need: the runtime judged the admission on fewer blocks than the "
           "request's full prompt less hits", True, True,
-          fails_on=("chunk_counted_as_need",)),
-    Check(22, "L_lowering", "A lowering claim is backed by the run's evidence",
+          fails_on=(FINDING.chunk_counted_as_need,)),
+    Check(22, CHECK.L_lowering, "A lowering claim is backed by the run's evidence",
           "a lowering section in the run's manifest",
           "lowering_claim_unsupported (the manifest claims a stronger class than the evidence "
           "gives, e.g. a mode whose promise was broken) or lowering_value_unknown (a value "
           "outside the vocabulary)", False, False,
-          fails_on=("lowering_claim_unsupported", "lowering_value_unknown")),
+          fails_on=(FINDING.lowering_claim_unsupported, FINDING.lowering_value_unknown)),
 )
 
 

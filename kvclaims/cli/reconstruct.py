@@ -11,6 +11,7 @@ from typing import Any
 from kvclaims import fleet
 from kvclaims.cli.io import audit_options, open_audit
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.vocabulary import VERDICT
 from kvclaims.progress import Progress
 from kvclaims.reconstruct.checks import CHECKS, checks_help
 
@@ -158,7 +159,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             for rid, mode, verdict in audit.con.sql(
                     "SELECT run_id, mode, verdict FROM lowering ORDER BY run_id, mode").fetchall():
                 lowering.setdefault(rid, []).append((mode, verdict))
-    failed = any(r[3] == "fail" for r in rows)
+    failed = any(r[3] == VERDICT.fail for r in rows)
     if args.json:
         print(json.dumps([{"run_id": r[0], "check": r[1], "title": r[2], "verdict": r[3],
                            "evidence_seqs": r[4], "detail": r[5]} for r in rows], indent=2))

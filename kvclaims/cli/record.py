@@ -16,6 +16,7 @@ from typing import Any
 
 from kvclaims.progress import Progress
 from kvclaims.contract.policies import POLICIES
+from kvclaims.contract.vocabulary import REQUEST_OUTCOME, fill_sql
 from kvclaims.sources.scenarios import SCENARIOS
 from kvclaims.contract.schema import InputError
 from kvclaims.sources import scenarios
@@ -219,13 +220,14 @@ def open_audit(run_dirs: list[Path]) -> Any:
 
 def _claims_and_losses(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     con = open_audit([run_dir])
-    claims = con.sql("""
+    claims = con.sql(fill_sql("""
         SELECT o.*, p.positions_lost, b.bound_blocks FROM claim_outcomes o
         LEFT JOIN (SELECT run_id, claim_id, list(DISTINCT position ORDER BY position)
                           AS positions_lost FROM loss_claims GROUP BY ALL) p USING (run_id, claim_id)
         LEFT JOIN (SELECT run_id, claim_id, count(DISTINCT position) AS bound_blocks
-                   FROM events WHERE event = 'claim_bound' GROUP BY ALL) b USING (run_id, claim_id)
-        ORDER BY o.claim_id""").to_arrow_table().to_pylist()
+                   FROM events WHERE event = {event.claim_bound} GROUP BY ALL)
+                  b USING (run_id, claim_id)
+        ORDER BY o.claim_id""")).to_arrow_table().to_pylist()
     losses = dict(con.sql("SELECT label, count(*) FROM losses GROUP BY label "
                           "ORDER BY label").fetchall())
     return claims, losses
@@ -299,7 +301,7 @@ def sweep_summary(rows: list[dict[str, Any]]) -> str:
     """The sweep in one line: points, where the active request harmed resident claimed
     blocks, where it was refused, where it was served."""
     harmed = sum(1 for r in rows if r["harm"])
-    refused = sum(1 for r in rows if r["active_outcome"] == "refused")
+    refused = sum(1 for r in rows if r["active_outcome"] == REQUEST_OUTCOME.refused)
     served = sum(1 for r in rows if (r["active_outcome"] or "").endswith("served"))
     any_harm = sum(1 for r in rows if "=harmed" in (r["claim_outcome"] or ""))
     return (f"{len(rows)} points: a claim was harmed at {any_harm} ({harmed} by the active "

@@ -174,4 +174,5 @@ SEVERITY: Final = _terms(FINDING_SEVERITIES)
 VERDICT: Final = _terms(CHECK_VERDICTS)
 FINDING: Final = _terms(FINDING_KINDS)
 DECISION: Final = _terms(DECISIONS)
+CHECK: Final = _terms(CHECK_NAMES)
 
