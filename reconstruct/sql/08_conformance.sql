@@ -29,7 +29,11 @@ SELECT * FROM (VALUES
     /*@KV_CHECKS@*/
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
-CREATE OR REPLACE TABLE conformance AS
+-- Statement 1: each (run, check)'s situation and evidence, bounded: kv_check_evidence.
+-- Statement 2: the verdicts from it: conformance.
+-- NOTE: two statements, so that the many intermediate relations of the first are gone before
+-- the second runs (one statement held them all at once and ran out of a 1 GB memory_limit).
+CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
 WITH fk AS (
     -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
     -- no claim) fails no check
@@ -93,9 +97,9 @@ WITH fk AS (
           FROM finding_fails
           GROUP BY run_id, check_name, kind)
     GROUP BY run_id, check_name
-), c AS (
+), c AS NOT MATERIALIZED (
     SELECT * FROM kv_claim_facts
-), uncovered_losses AS (
+), uncovered_losses AS NOT MATERIALIZED (
     -- L1: the losses not covered by any claim accepted before them (uncovered), and those
     -- labelled harm that no claim accepted before them labels harm
     -- NOTE: the labelling pass marks each loss (kv_losses.covered / covered_harm) from its
@@ -109,7 +113,7 @@ WITH fk AS (
     SELECT run_id, nullif(count(*) FILTER (WHERE uncovered), 0) AS n
     FROM uncovered_losses
     GROUP BY run_id
-), denied_cached AS (
+), denied_cached AS NOT MATERIALIZED (
     -- the block_cached events of reuse-denied requests (the only block events this stage scans)
     SELECT e.run_id, e.request_id, e.seq
     FROM events e
@@ -166,7 +170,7 @@ WITH fk AS (
     FROM c
     LEFT JOIN released_losses x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
     WHERE c.release_event IN ({event.claim_demoted}, {event.claim_expired})
-), lit_soft AS (
+), lit_soft AS NOT MATERIALIZED (
     -- LIT_soft_order: each loss of a soft_priority instance's leading block while in force;
     -- labelled harm exactly when a lower-priority evictable block existed (docs/design.md §3)
     SELECT l.run_id, l.seq, l.claim_seq, l.label
@@ -202,7 +206,7 @@ WITH fk AS (
     FROM claims x
     WHERE x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL
       AND x.outcome <> {claim_outcome.unknown}
-), cached AS (
+), cached AS NOT MATERIALIZED (
     -- L7: requests whose num_cached_tokens can be compared with the trace
     SELECT run_id, finished_seq
     FROM requests
@@ -230,203 +234,195 @@ WITH fk AS (
     FROM feasibility f
     JOIN chunked ch ON ch.run_id = f.run_id AND ch.request_id = f.request_id
     WHERE f.event = {event.request_admitted}
-), unrebuilt AS (
-    -- deferrals and refusals whose feasibility the trace cannot rebuild (no prompt size, no
-    -- allocation: the need is unknown); the checks that judge them are unknown, never a
-    -- verdict taken from the runtime's figures -- self-contained block
-    SELECT run_id, count(*) AS n, list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
-    FROM feasibility
-    WHERE event IN ({event.request_deferred}, {event.request_refused}) AND feasible IS NULL
+), run_loss_claims AS (
+    -- per run aggregates that say whether each check's situation occurred and fill its pass
+    -- detail, one LEFT JOIN each below
+    -- NOTE: an aggregate per run, not EXISTS per run: a correlated EXISTS becomes a join that
+    -- builds the subquery's rows (millions of loss_claims) in memory
+    SELECT run_id, bool_or(label = {label.harm}) AS harm,
+           bool_or(release_seq IS NOT NULL) AS released
+    FROM loss_claims GROUP BY run_id
+), run_refs AS (
+    SELECT run_id, bool_or(event = {event.claim_harmed}) AS harmed,
+           bool_or(event = {event.claim_materialized}) AS materialized
+    FROM kv_claim_refs WHERE event IN ({event.claim_harmed}, {event.claim_materialized})
     GROUP BY run_id
-), last_enforcement AS (
-    -- the last event of each run that bears on enforcement: after a hook failure, a check
-    -- that needs in-engine evidence cannot pass if any of these follow it (block_evicted:
-    -- the seqs of `losses`, whose other rows are cache_reset seqs)
-    SELECT run_id, max(seq) AS seq
-    FROM (SELECT run_id, seq FROM kv_stage_events
-          WHERE event IN ({event.cache_reset}, {event.request_admitted}, {event.request_deferred},
-                          {event.request_refused}, {event.request_preempted}, {event.reuse_denied},
-                          {event.claim_accepted}, {event.claim_rejected}, {event.claim_demoted}, {event.claim_expired},
-                          {event.claim_released}, {event.claim_harmed}, {event.claim_materialized})
+), run_events AS (
+    SELECT run_id, bool_or(event = {event.request_refused}) AS refused
+    FROM kv_stage_events
+    WHERE event IN ({event.claim_harmed}, {event.claim_materialized}, {event.request_refused})
+    GROUP BY run_id
+), run_claims AS (
+    SELECT run_id, count(*) FILTER (WHERE accepted_seq IS NOT NULL) AS accepted,
+           count(materialized_seq) FILTER (WHERE accepted_seq IS NOT NULL) AS materialized,
+           bool_or(outcome = {claim_outcome.harmed}) AS harmed,
+           coalesce(sum(blocks_lost_harm + blocks_lost_eviction)
+                        FILTER (WHERE protection_mode = {mode.hard_protected}), 0) AS hard_lost
+    FROM claims GROUP BY run_id
+), run_denied AS (
+    SELECT run_id, count(*) AS n, sum(lost.n) AS lost
+    FROM denied WHERE served AND lost.n > 0 GROUP BY run_id
+), run_hard AS (
+    SELECT run_id, count(DISTINCT seq) AS n,
+           count(DISTINCT seq) FILTER (WHERE event = {event.request_refused}) AS refused,
+           count(DISTINCT seq) FILTER (WHERE event = {event.request_deferred}) AS deferred
+    FROM hard_conflicts GROUP BY run_id
+), run_released AS (
+    SELECT run_id, release_event, count(*) AS n, sum(n_later) AS n_later,
+           sum(n_expiry) AS n_expiry, sum(n_relaxation) AS n_relaxation, sum(n_other) AS n_other
+    FROM released WHERE n_later > 0 GROUP BY run_id, release_event
+), run_feasibility AS (
+    SELECT run_id,
+           bool_or(event = {event.request_admitted} AND protected_blocks > 0) AS admitted_protected,
+           count(*) FILTER (WHERE event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
+                              AND protected_blocks > 0 AND live_blocks > 0) AS decisions
+    FROM feasibility GROUP BY run_id
+), run_chunked AS (
+    SELECT run_id, count(*) AS n, sum(required_blocks) AS blocks
+    FROM chunked_adm GROUP BY run_id
+), run_lowering AS (
+    SELECT run_id, count(*) AS n FROM kv_manifest_lowering GROUP BY run_id
+), run_releases AS (
+    SELECT run_id, count(*) AS n, count(*) FILTER (WHERE NOT verified) AS unverified,
+           bool_or(verified) AS verified
+    FROM kv_lifecycle_ends WHERE event = {event.claim_released} GROUP BY run_id
+), run_lit AS (
+    SELECT run_id, sum(soft) AS soft, sum(value) AS value, sum(broke) AS broke,
+           sum(unmat) AS unmat
+    FROM (SELECT run_id, count(*) AS soft, 0 AS value, 0 AS broke, 0 AS unmat
+          FROM lit_soft GROUP BY run_id
           UNION ALL
-          SELECT run_id, max(seq) FROM losses GROUP BY run_id)
+          SELECT run_id, 0, count(*), count(*) FILTER (WHERE broke), 0
+          FROM lit_value GROUP BY run_id
+          UNION ALL
+          SELECT run_id, 0, 0, 0, count(*) FROM lit_unmat GROUP BY run_id)
     GROUP BY run_id
 ), raw AS (
     -- Each check: exercised (its situation occurred) and a detail line for a pass. The seqs
     -- and claim instances of its evidence are rows: fail_rows, pass_rows, claim_rows below.
-    -- L1: no accepted claim -> no harm -------------------------------------------------------
-    SELECT r.run_id, 'L1' AS check_name,
-           u.n IS NOT NULL
-           OR EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                      AND e.event = {event.claim_harmed}) AS exercised,
-           format('{} loss(es) without an accepted claim, none labelled harm', coalesce(u.n, 0))
-               AS pass_detail
-    FROM kv_runs r
-    LEFT JOIN uncovered u ON u.run_id = r.run_id
-    UNION ALL
-    -- L2: write no-admit serves the active request, yet residents are still evicted ----------
-    SELECT r.run_id, 'L2',
-           EXISTS (SELECT 1 FROM denied d WHERE d.run_id = r.run_id AND d.served
-                     AND d.lost.n > 0),
-           (SELECT format('{} write-no-admit request(s) served while {} resident block(s) were '
-                          'evicted', count(*), sum(d.lost.n))
-            FROM denied d WHERE d.run_id = r.run_id AND d.served AND d.lost.n > 0)
-    FROM kv_runs r
-    UNION ALL
-    -- L3: an accepted hard claim turns infeasibility into a refusal naming it; no block lost --
-    SELECT r.run_id, 'L3',
-           r.enforcing AND EXISTS (SELECT 1 FROM hard_conflicts h WHERE h.run_id = r.run_id),
-           (SELECT format('{} infeasible decision(s) facing a hard claim: {} refusal(s), '
-                          '{} deferral(s) naming it; {} hard-claim block(s) lost',
-                          count(DISTINCT h.seq),
-                          count(DISTINCT h.seq) FILTER (WHERE h.event = {event.request_refused}),
-                          count(DISTINCT h.seq) FILTER (WHERE h.event = {event.request_deferred}),
-                          (SELECT coalesce(sum(x.blocks_lost_harm + x.blocks_lost_eviction), 0)
-                           FROM claims x WHERE x.run_id = r.run_id
-                             AND x.protection_mode = {mode.hard_protected}))
-            FROM hard_conflicts h WHERE h.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    -- L4 / L5: a demotion (expiry) strictly precedes every later loss of that instance --------
     SELECT r.run_id, t.check_name,
-           EXISTS (SELECT 1 FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-                     AND x.n_later > 0),
-           (SELECT format('{} {} claim instance(s) later lost {} block(s): {} labelled {}, {} '
-                          'otherwise, none harm', count(*), t.ev,
-                          sum(x.n_later),
-                          sum(CASE WHEN t.ev = {event.claim_expired} THEN x.n_expiry
-                                   ELSE x.n_relaxation END), t.label, sum(x.n_other))
-            FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-              AND x.n_later > 0)
-    FROM kv_runs r,
-         (VALUES ('L4', {event.claim_demoted}, {label.relaxation}),
-                 ('L5', {event.claim_expired}, {label.expiry})) t(check_name, ev, label)
-    UNION ALL
-    -- L6: surviving block count is not the predicate ----------------------------------------
-    SELECT r.run_id, 'L6',
-           EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                     AND e.event = {event.claim_materialized})
-           OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                        AND x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL),
-           (SELECT format('{} accepted claim instance(s): {} materialized (all leading '
-                          'positions resident), {} never', count(*), count(x.materialized_seq),
-                          count(*) - count(x.materialized_seq))
-            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL)
+           CASE t.check_name
+               -- L1: no accepted claim -> no harm
+               WHEN 'L1' THEN u.n IS NOT NULL OR coalesce(rr.harmed, false)
+               -- L2: write no-admit serves the active request, yet residents are still evicted
+               WHEN 'L2' THEN rd.n IS NOT NULL
+               -- L3: an accepted hard claim turns infeasibility into a refusal naming it
+               WHEN 'L3' THEN r.enforcing AND rh.n IS NOT NULL
+               -- L4 / L5: a demotion (expiry) strictly precedes every later loss of it
+               WHEN 'L4' THEN rl4.n IS NOT NULL
+               WHEN 'L5' THEN rl5.n IS NOT NULL
+               -- L6: surviving block count is not the predicate
+               WHEN 'L6' THEN coalesce(rr.materialized, false)
+                              OR coalesce(rc.accepted > rc.materialized, false)
+               -- L7: the outcome reconstructed from the trace equals what the runtime reported
+               WHEN 'L7' THEN re.run_id IS NOT NULL OR coalesce(rc.harmed, false)
+                              OR ch.n IS NOT NULL
+               -- invariants
+               WHEN 'INV_no_harm_without_acceptance'
+                   THEN coalesce(rr.harmed, false) OR coalesce(rlc.harm, false)
+               -- a loss of a released instance's content (before or after its release)
+               WHEN 'INV_release_precedes_loss' THEN coalesce(rlc.released, false)
+               WHEN 'INV_refusal_names_protected_claim' THEN coalesce(re.refused, false)
+               WHEN 'INV_no_protected_loss' THEN r.enforcing AND pl.run_id IS NOT NULL
+               WHEN 'INV_feasible_admission'
+                   THEN r.enforcing AND coalesce(rf.admitted_protected, false)
+               -- feasibility, chunking and lowering litmus (issue 24 items 3-5)
+               WHEN 'L_feasibility' THEN r.enforcing AND coalesce(rf.decisions > 0, false)
+               WHEN 'L_chunking' THEN rch.n IS NOT NULL
+               WHEN 'L_lowering' THEN rlw.n IS NOT NULL
+               -- NOTE: a release the format cannot verify (no released_by) does not exercise it
+               WHEN 'INV_release_by_owner' THEN coalesce(rre.verified, false)
+               -- litmus: soft order, thresholded value, materialization failure
+               WHEN 'LIT_soft_order' THEN r.enforcing AND coalesce(lit.soft > 0, false)
+               WHEN 'LIT_thresholded_value' THEN coalesce(lit.value > 0, false)
+               WHEN 'LIT_materialization_failure' THEN coalesce(lit.unmat > 0, false)
+           END AS exercised,
+           CASE t.check_name
+               WHEN 'L1' THEN format('{} loss(es) without an accepted claim, none labelled harm',
+                                     coalesce(u.n, 0))
+               WHEN 'L2' THEN format('{} write-no-admit request(s) served while {} resident '
+                                     'block(s) were evicted', coalesce(rd.n, 0), rd.lost)
+               WHEN 'L3' THEN format('{} infeasible decision(s) facing a hard claim: {} '
+                                     'refusal(s), {} deferral(s) naming it; {} hard-claim '
+                                     'block(s) lost', coalesce(rh.n, 0), coalesce(rh.refused, 0),
+                                     coalesce(rh.deferred, 0), coalesce(rc.hard_lost, 0))
+               WHEN 'L4' THEN format('{} {} claim instance(s) later lost {} block(s): {} '
+                                     'labelled {}, {} otherwise, none harm', coalesce(rl4.n, 0),
+                                     {event.claim_demoted}, rl4.n_later, rl4.n_relaxation,
+                                     {label.relaxation}, rl4.n_other)
+               WHEN 'L5' THEN format('{} {} claim instance(s) later lost {} block(s): {} '
+                                     'labelled {}, {} otherwise, none harm', coalesce(rl5.n, 0),
+                                     {event.claim_expired}, rl5.n_later, rl5.n_expiry,
+                                     {label.expiry}, rl5.n_other)
+               WHEN 'L6' THEN format('{} accepted claim instance(s): {} materialized (all '
+                                     'leading positions resident), {} never',
+                                     coalesce(rc.accepted, 0), coalesce(rc.materialized, 0),
+                                     coalesce(rc.accepted - rc.materialized, 0))
+               WHEN 'L7' THEN format('every runtime report (claim_harmed, claim_materialized, '
+                                     'refusals) agrees with the reconstruction, in order; {} '
+                                     'request(s): vLLM''s num_cached_tokens equals the prefix '
+                                     'hit in the trace', coalesce(ch.n, 0))
+               WHEN 'INV_no_harm_without_acceptance'
+                   THEN 'every harm (reported or reconstructed) follows its claim''s acceptance'
+               WHEN 'INV_release_precedes_loss'
+                   THEN 'every relaxation/expiry loss is strictly after its release; no harm '
+                        'before it'
+               WHEN 'INV_refusal_names_protected_claim'
+                   THEN 'every refusal names in-force, materialized, protected claims'
+               WHEN 'INV_no_protected_loss'
+                   THEN format('{} block loss(es) while a pinning claim was in force; none of '
+                               'its blocks', pl.n)
+               WHEN 'INV_feasible_admission'
+                   THEN 'protected + active live <= usable (rebuilt from the trace) at every '
+                        'admission under an enforcing policy while claims protected blocks'
+               WHEN 'L_feasibility'
+                   THEN format('{} decision(s) with protected and live KV: every one judged on '
+                               'protected + active live <= usable, rebuilt, and the runtime''s '
+                               'figures agree', coalesce(rf.decisions, 0))
+               WHEN 'L_chunking'
+                   THEN format('{} request(s) allocated over 2 or more scheduler steps: each '
+                               'admission judged on the full prompt less hits ({} block(s) in '
+                               'all)', coalesce(rch.n, 0), rch.blocks)
+               WHEN 'L_lowering'
+                   THEN format('{} mode(s) declared in the manifest, none contradicted by the '
+                               'run''s evidence', coalesce(rlw.n, 0))
+               WHEN 'INV_release_by_owner'
+                   THEN format('{} release(s): by the claim''s own tenant or the operator ({} '
+                               'unverified: the format records no released_by)',
+                               coalesce(rre.n, 0), coalesce(rre.unverified, 0))
+               WHEN 'LIT_soft_order'
+                   THEN format('{} loss(es) of soft_priority claims in force, none while a '
+                               'lower-priority evictable block existed', coalesce(lit.soft, 0))
+               WHEN 'LIT_thresholded_value'
+                   THEN format('{} loss(es): value lost exactly where the leading prefix of '
+                               'the threshold broke ({} with other blocks surviving), kept '
+                               'where it held ({})', coalesce(lit.value, 0),
+                               coalesce(lit.broke, 0), coalesce(lit.value - lit.broke, 0))
+               WHEN 'LIT_materialization_failure'
+                   THEN format('{} accepted claim(s) never materialized: none harmed, '
+                               'preserved or reported materialized', coalesce(lit.unmat, 0))
+           END AS pass_detail
     FROM kv_runs r
-    UNION ALL
-    -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
-    SELECT r.run_id, 'L7',
-           EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
-                     AND e.event IN ({event.claim_harmed}, {event.claim_materialized}, {event.request_refused}))
-           OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                        AND x.outcome = {claim_outcome.harmed})
-           OR ch.n IS NOT NULL,
-           format('every runtime report (claim_harmed, claim_materialized, refusals) agrees with '
-                  'the reconstruction, in order; {} request(s): vLLM''s num_cached_tokens equals '
-                  'the prefix hit in the trace', coalesce(ch.n, 0))
-    FROM kv_runs r LEFT JOIN cached_n ch ON ch.run_id = r.run_id
-    UNION ALL
-    -- invariants ------------------------------------------------------------------------------
-    SELECT r.run_id, 'INV_no_harm_without_acceptance',
-           EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                     AND e.event = {event.claim_harmed})
-           OR EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
-                        AND x.label = {label.harm}),
-           'every harm (reported or reconstructed) follows its claim''s acceptance'
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'INV_release_precedes_loss',
-           -- a loss of a released instance's content (before or after its release)
-           EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
-                     AND x.release_seq IS NOT NULL),
-           'every relaxation/expiry loss is strictly after its release; no harm before it'
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'INV_refusal_names_protected_claim',
-           EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
-                     AND e.event = {event.request_refused}),
-           'every refusal names in-force, materialized, protected claims'
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'INV_no_protected_loss',
-           r.enforcing AND pl.run_id IS NOT NULL,
-           format('{} block loss(es) while a pinning claim was in force; none of its blocks',
-                  pl.n)
-    FROM kv_runs r LEFT JOIN pinned_losses pl ON pl.run_id = r.run_id
-    UNION ALL
-    SELECT r.run_id, 'INV_feasible_admission',
-           r.enforcing AND EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                                     AND f.event = {event.request_admitted}
-                                     AND f.protected_blocks > 0),
-           'protected + active live <= usable (rebuilt from the trace) at every admission '
-           'under an enforcing policy while claims protected blocks'
-    FROM kv_runs r
-    UNION ALL
-    -- feasibility, chunking and lowering litmus (issue 24 items 3-5) -- self-contained block
-    SELECT r.run_id, 'L_feasibility',
-           r.enforcing AND EXISTS (
-               SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                 AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
-                 AND f.protected_blocks > 0 AND f.live_blocks > 0),
-           (SELECT format('{} decision(s) with protected and live KV: every one judged on '
-                          'protected + active live <= usable, rebuilt, and the runtime''s '
-                          'figures agree', count(*))
-            FROM feasibility f WHERE f.run_id = r.run_id
-              AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
-              AND f.protected_blocks > 0 AND f.live_blocks > 0)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'L_chunking',
-           EXISTS (SELECT 1 FROM chunked_adm x WHERE x.run_id = r.run_id),
-           (SELECT format('{} request(s) allocated over 2 or more scheduler steps: each '
-                          'admission judged on the full prompt less hits ({} block(s) in all)',
-                          count(*), sum(x.required_blocks))
-            FROM chunked_adm x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'L_lowering',
-           EXISTS (SELECT 1 FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
-           (SELECT format('{} mode(s) declared in the manifest, none contradicted by the run''s '
-                          'evidence', count(*))
-            FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    -- only the owner or the operator releases (verified releases; findings fail it) ---------
-    SELECT r.run_id, 'INV_release_by_owner',
-           -- NOTE: a release the format cannot verify (no released_by) does not exercise it
-           EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
-                     AND x.event = {event.claim_released} AND x.verified),
-           (SELECT format('{} release(s): by the claim''s own tenant or the operator ({} '
-                          'unverified: the format records no released_by)', count(*),
-                          count(*) FILTER (WHERE NOT x.verified))
-            FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = {event.claim_released})
-    FROM kv_runs r
-    -- litmus: soft order, thresholded value, materialization failure (self-contained) -------
-    UNION ALL
-    SELECT r.run_id, 'LIT_soft_order',
-           r.enforcing AND EXISTS (SELECT 1 FROM lit_soft x WHERE x.run_id = r.run_id),
-           (SELECT format('{} loss(es) of soft_priority claims in force, none while a '
-                          'lower-priority evictable block existed', count(*))
-            FROM lit_soft x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'LIT_thresholded_value',
-           EXISTS (SELECT 1 FROM lit_value x WHERE x.run_id = r.run_id),
-           (SELECT format('{} loss(es): value lost exactly where the leading prefix of the '
-                          'threshold broke ({} with other blocks surviving), kept where it '
-                          'held ({})', count(*), count(*) FILTER (WHERE x.broke),
-                          count(*) FILTER (WHERE NOT x.broke))
-            FROM lit_value x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, 'LIT_materialization_failure',
-           EXISTS (SELECT 1 FROM lit_unmat x WHERE x.run_id = r.run_id),
-           (SELECT format('{} accepted claim(s) never materialized: none harmed, preserved or '
-                          'reported materialized', count(*))
-            FROM lit_unmat x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
-), fail_rows AS (
+    CROSS JOIN (SELECT "check" AS check_name FROM kv_checks) t
+    LEFT JOIN uncovered u ON u.run_id = r.run_id
+    LEFT JOIN run_refs rr ON rr.run_id = r.run_id
+    LEFT JOIN run_denied rd ON rd.run_id = r.run_id
+    LEFT JOIN run_hard rh ON rh.run_id = r.run_id
+    LEFT JOIN run_released rl4 ON rl4.run_id = r.run_id
+                              AND rl4.release_event = {event.claim_demoted}
+    LEFT JOIN run_released rl5 ON rl5.run_id = r.run_id
+                              AND rl5.release_event = {event.claim_expired}
+    LEFT JOIN run_claims rc ON rc.run_id = r.run_id
+    LEFT JOIN run_events re ON re.run_id = r.run_id
+    LEFT JOIN cached_n ch ON ch.run_id = r.run_id
+    LEFT JOIN run_loss_claims rlc ON rlc.run_id = r.run_id
+    LEFT JOIN pinned_losses pl ON pl.run_id = r.run_id
+    LEFT JOIN run_feasibility rf ON rf.run_id = r.run_id
+    LEFT JOIN run_chunked rch ON rch.run_id = r.run_id
+    LEFT JOIN run_lowering rlw ON rlw.run_id = r.run_id
+    LEFT JOIN run_releases rre ON rre.run_id = r.run_id
+    LEFT JOIN run_lit lit ON lit.run_id = r.run_id
+), fail_rows AS NOT MATERIALIZED (
     -- each check's own failing seqs beyond its failing findings, one row each (a seq may be
     -- NULL: the condition holds without one)
     SELECT run_id, 'L1' AS check_name, seq FROM uncovered_losses WHERE uncovered_harm
@@ -592,25 +588,71 @@ WITH fk AS (
            list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
     FROM (SELECT DISTINCT run_id, check_name, seq FROM pass_rows WHERE seq IS NOT NULL)
     GROUP BY run_id, check_name
+), evidence_claims AS (
+    -- the claim instances of each (run, check)'s evidence, per side (failing: those its
+    -- failing findings name; else those the check judged): how many, and the
+    -- /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
+    -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
+    SELECT e.run_id, e.check_name, e.failing_side, count(*) AS n,
+           min_by({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}, f.claim_seq,
+                  /*@EVIDENCE_MAX@*/) AS claims
+    FROM (SELECT DISTINCT run_id, check_name, true AS failing_side, claim_seq
+          FROM finding_fails WHERE claim_seq IS NOT NULL
+          UNION
+          SELECT DISTINCT run_id, check_name, false, claim_seq
+          FROM claim_rows WHERE claim_seq IS NOT NULL) e
+    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
+    GROUP BY e.run_id, e.check_name, e.failing_side
+)
+SELECT raw.*,
+       fe.seqs AS fail_seqs, coalesce(fe.n, 0) AS n_fail_seqs, fe.first_seq AS first_fail_seq,
+       pe.seqs AS pass_seqs, coalesce(pe.n, 0) AS n_pass_seqs, pe.last_seq AS last_pass_seq,
+       ff.kinds AS fail_kinds,
+       ofl.run_id IS NOT NULL AS own_failing,
+       ff.run_id IS NOT NULL OR ofl.run_id IS NOT NULL AS failing,
+       fc.claims AS fail_claims, coalesce(fc.n, 0) AS n_fail_claims,
+       pc.claims AS pass_claims, coalesce(pc.n, 0) AS n_pass_claims
+FROM raw
+LEFT JOIN failed ff ON ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+LEFT JOIN own_failed ofl ON ofl.run_id = raw.run_id AND ofl.check_name = raw.check_name
+LEFT JOIN fail_evidence fe ON fe.run_id = raw.run_id AND fe.check_name = raw.check_name
+LEFT JOIN pass_evidence pe ON pe.run_id = raw.run_id AND pe.check_name = raw.check_name
+LEFT JOIN evidence_claims fc ON fc.run_id = raw.run_id AND fc.check_name = raw.check_name
+                            AND fc.failing_side
+LEFT JOIN evidence_claims pc ON pc.run_id = raw.run_id AND pc.check_name = raw.check_name
+                            AND NOT pc.failing_side;
+
+CREATE OR REPLACE TABLE conformance AS
+WITH unrebuilt AS (
+    -- deferrals and refusals whose feasibility the trace cannot rebuild (no prompt size, no
+    -- allocation: the need is unknown); the checks that judge them are unknown, never a
+    -- verdict taken from the runtime's figures -- self-contained block
+    SELECT run_id, count(*) AS n, list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
+    FROM feasibility
+    WHERE event IN ({event.request_deferred}, {event.request_refused}) AND feasible IS NULL
+    GROUP BY run_id
+), last_enforcement AS (
+    -- the last event of each run that bears on enforcement: after a hook failure, a check
+    -- that needs in-engine evidence cannot pass if any of these follow it (block_evicted:
+    -- the seqs of `losses`, whose other rows are cache_reset seqs)
+    SELECT run_id, max(seq) AS seq
+    FROM (SELECT run_id, seq FROM kv_stage_events
+          WHERE event IN ({event.cache_reset}, {event.request_admitted}, {event.request_deferred},
+                          {event.request_refused}, {event.request_preempted}, {event.reuse_denied},
+                          {event.claim_accepted}, {event.claim_rejected}, {event.claim_demoted}, {event.claim_expired},
+                          {event.claim_released}, {event.claim_harmed}, {event.claim_materialized})
+          UNION ALL
+          SELECT run_id, max(seq) FROM losses GROUP BY run_id)
+    GROUP BY run_id
 ), judged AS (
-    SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
+    SELECT j.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
            r.has_hole,
            r.unknown_from_seq, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
-           le.seq AS last_enforcement_seq,
-           fe.seqs AS fail_seqs, coalesce(fe.n, 0) AS n_fail_seqs,
-           fe.first_seq AS first_fail_seq,
-           pe.seqs AS pass_seqs, coalesce(pe.n, 0) AS n_pass_seqs, pe.last_seq AS last_pass_seq,
-           ff.kinds AS fail_kinds,
-           ofl.run_id IS NOT NULL AS own_failing,
-           ff.run_id IS NOT NULL OR ofl.run_id IS NOT NULL AS failing
-    FROM raw
-    JOIN kv_checks k ON k."check" = raw.check_name
-    JOIN kv_runs r ON r.run_id = raw.run_id
-    LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
-    LEFT JOIN failed ff ON ff.run_id = raw.run_id AND ff.check_name = raw.check_name
-    LEFT JOIN own_failed ofl ON ofl.run_id = raw.run_id AND ofl.check_name = raw.check_name
-    LEFT JOIN fail_evidence fe ON fe.run_id = raw.run_id AND fe.check_name = raw.check_name
-    LEFT JOIN pass_evidence pe ON pe.run_id = raw.run_id AND pe.check_name = raw.check_name
+           le.seq AS last_enforcement_seq
+    FROM kv_check_evidence j
+    JOIN kv_checks k ON k."check" = j.check_name
+    JOIN kv_runs r ON r.run_id = j.run_id
+    LEFT JOIN last_enforcement le ON le.run_id = j.run_id
 ), decided AS (
     SELECT j.*, ub.seqs AS unrebuilt_seqs, ub.n AS n_unrebuilt_seqs,
            format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
@@ -635,27 +677,6 @@ WITH fk AS (
            END AS why
     FROM judged j
     LEFT JOIN unrebuilt ub ON ub.run_id = j.run_id
-), evidence_claim_seqs AS (
-    -- the claim instances each verdict's evidence is about, one row each: for a fail those its
-    -- failing findings name, for a pass or an unknown those the check judged
-    SELECT DISTINCT d.run_id, d.check_name, x.claim_seq
-    FROM decided d
-    JOIN (SELECT run_id, check_name, true AS failing_side, claim_seq FROM finding_fails
-          UNION ALL
-          SELECT run_id, check_name, false, claim_seq FROM claim_rows) x
-      ON x.run_id = d.run_id AND x.check_name = d.check_name
-     AND x.failing_side = (d.why IN ({verdict.fail}, 'fail_after_hook'))
-    WHERE d.why IN ({verdict.fail}, 'fail_after_hook', {verdict.pass}, {severity.hole}, 'after_hook')
-      AND x.claim_seq IS NOT NULL
-), evidence_claims AS (
-    -- how many, and the /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
-    -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
-    SELECT e.run_id, e.check_name, count(*) AS n,
-           min_by({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}, f.claim_seq,
-                  /*@EVIDENCE_MAX@*/) AS claims
-    FROM evidence_claim_seqs e
-    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
-    GROUP BY e.run_id, e.check_name
 )
 SELECT
     d.run_id, d.check_name AS "check", d.title,
@@ -705,11 +726,15 @@ SELECT
     END AS detail,
     d.needs,
     -- the claim instances the evidence is about: (claim_id, claim_seq), the smallest
-    -- /*@EVIDENCE_MAX@*/ by claim_seq, and how many in all
-    coalesce(ec.claims, []) AS evidence_claims,
-    coalesce(ec.n, 0) AS evidence_claim_count
+    -- /*@EVIDENCE_MAX@*/ by claim_seq (for a fail those its failing findings name, for a pass
+    -- or an unknown those the check judged), and how many in all
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN coalesce(d.fail_claims, [])
+         WHEN d.why IN ({verdict.pass}, {severity.hole}, 'after_hook') THEN coalesce(d.pass_claims, [])
+         ELSE [] END AS evidence_claims,
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN d.n_fail_claims
+         WHEN d.why IN ({verdict.pass}, {severity.hole}, 'after_hook') THEN d.n_pass_claims
+         ELSE 0 END AS evidence_claim_count
 FROM decided d
-LEFT JOIN evidence_claims ec ON ec.run_id = d.run_id AND ec.check_name = d.check_name
 ORDER BY d.run_id, d.ord;
 
 -- NOTE: the `lowering` table (one row per run and mode) is built by 07_findings.sql, before
