@@ -851,8 +851,9 @@ def findings(source: Source, run_id: str | None = None) -> pd.DataFrame:
 
 def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
     """The ``conformance`` table: per run and check (in the order of the check table) its title,
-    verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text, the
-    detail and what would exercise it (``needs``); runs in natural order."""
+    verdict (fail | unknown | pass | not_exercised), ``evidence_seqs`` as sorted text (ending
+    "… and N more" where the table holds only the smallest of them), the detail and what would
+    exercise it (``needs``); runs in natural order."""
     df = _audit(source).conformance
     if run_id is not None:
         df = df[df["run_id"] == run_id]
@@ -864,7 +865,13 @@ def conformance(source: Source, run_id: str | None = None) -> pd.DataFrame:
     df = df.sort_values(["_r", "_o"]).drop(columns=["_o", "_r"])
     first = ["run_id", "check", "title", "verdict"]
     df = df[first + [c for c in df.columns if c not in first]]
-    return _lists_to_text(df, ["evidence_seqs"]).reset_index(drop=True)
+    out = _lists_to_text(df, ["evidence_seqs"])
+    if "evidence_seq_count" in df.columns:
+        out["evidence_seqs"] = [
+            t if _na(t) or _na(n) or n <= len(x) else f"{t} … and {int(n) - len(x):,} more"
+            for t, x, n in zip(out["evidence_seqs"], df["evidence_seqs"],
+                               df["evidence_seq_count"])]
+    return out.reset_index(drop=True)
 
 
 def verdict_counts(source: Source) -> dict[str, int]:

@@ -167,6 +167,14 @@ CHECKS: Final[tuple[Check, ...]] = (
 )
 
 
+#: NOTE: ``conformance.evidence_seqs`` holds at most this many seqs, the smallest, ascending
+#: (``evidence_seq_count`` says how many there are in all), and ``evidence_claims`` at most this
+#: many claim instances, the smallest claim_seqs (``evidence_claim_count``): a list of every
+#: one grows with the run's length and cannot spill (docs/conformance.md). 20 is what a
+#: table cell, the CLI's one line per check and an operator's first look can use.
+EVIDENCE_MAX: Final[int] = 20
+
+
 @dataclass(frozen=True)
 class LoweringClass:
     """One lowering class of seed 004 (fail-closed): what a mode's evidence in a run shows."""
@@ -256,8 +264,10 @@ def checks_help() -> str:
 
 
 def fill_sql(sql: str) -> str:
-    """Fill the table markers of a stage's SQL text (``/*@KV_CHECKS@*/``,
-    ``/*@KV_CHECK_FAILS@*/``, ``/*@KV_LOWERING_CLASSES@*/``)."""
+    """Fill the markers of a stage's SQL text: the tables (``/*@KV_CHECKS@*/``,
+    ``/*@KV_CHECK_FAILS@*/``, ``/*@KV_LOWERING_CLASSES@*/``) and the evidence bound
+    (``/*@EVIDENCE_MAX@*/``)."""
     return (sql.replace("/*@KV_CHECKS@*/", checks_values_sql())
                .replace("/*@KV_CHECK_FAILS@*/", check_fails_values_sql())
-               .replace("/*@KV_LOWERING_CLASSES@*/", lowering_values_sql()))
+               .replace("/*@KV_LOWERING_CLASSES@*/", lowering_values_sql())
+               .replace("/*@EVIDENCE_MAX@*/", str(EVIDENCE_MAX)))

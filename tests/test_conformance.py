@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from kvclaims.cli import main
+from kvclaims.cli.reconstruct import EVIDENCE_SHOWN
 from kvclaims.reconstruct import core, loader
 from kvclaims.sources import shapes
 from kvclaims.sources.jsonl import events_to_table
@@ -145,6 +147,34 @@ def test_gap_makes_passing_verdicts_unknown() -> None:
     v = verdicts(shape("gap"))
     assert v["INV_no_harm_without_acceptance"] == "unknown"
     assert "pass" not in v.values()
+
+
+def conformance_cli(path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    main(["conformance", str(path), *flags])
+    return capsys.readouterr().out
+
+
+def cli_line(out: str, check: str) -> str:
+    return next(line for line in out.splitlines() if line.split()[:1] == [check])
+
+
+def test_cli_conformance_says_how_many_evidence_seqs_it_leaves_out(capsys) -> None:
+    rows = {r["check"]: r for r in json.loads(conformance_cli(FIX / "native_60_70_80.jsonl",
+                                                              capsys, "--json"))}
+    seqs, n = rows["L1"]["evidence_seqs"], rows["L1"]["evidence_seq_count"]
+    assert n > len(seqs) > EVIDENCE_SHOWN
+    line = cli_line(conformance_cli(FIX / "native_60_70_80.jsonl", capsys), "L1")
+    assert (f" seq {','.join(map(str, seqs[:EVIDENCE_SHOWN]))} ... and "
+            f"{n - EVIDENCE_SHOWN:,} more ") in line
+
+
+def test_cli_conformance_shows_every_evidence_seq_of_a_short_list(capsys) -> None:
+    rows = {r["check"]: r for r in json.loads(conformance_cli(FIX / "hard_60_70_80.jsonl",
+                                                              capsys, "--json"))}
+    check, seqs = next((c, r["evidence_seqs"]) for c, r in rows.items()
+                       if 0 < r["evidence_seq_count"] == len(r["evidence_seqs"]) <= EVIDENCE_SHOWN)
+    line = cli_line(conformance_cli(FIX / "hard_60_70_80.jsonl", capsys), check)
+    assert f" seq {','.join(map(str, seqs))}  " in line and " more " not in line
 
 
 def test_cli_conformance_exit_status_is_nonzero_on_failure(tmp_path: Path, capsys) -> None:

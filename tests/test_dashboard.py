@@ -501,8 +501,29 @@ def test_conformance_shows_titles_and_never_calls_not_exercised_a_pass(
 
 def test_conformance_evidence_seqs_are_sorted(audit: data.Pages) -> None:
     for text in data.conformance(audit)["evidence_seqs"].dropna():
-        seqs = [int(v) for v in text.split(", ") if v]
+        seqs = [int(v) for v in text.split(" … ")[0].split(", ") if v]
         assert seqs == sorted(seqs)
+
+
+def _evidence_cells(audit: data.Pages) -> list[tuple[str, list[int], int]]:
+    """(the page's evidence text, the table's evidence_seqs, evidence_seq_count) per row."""
+    shown = data.conformance(audit).set_index(["run_id", "check"])["evidence_seqs"]
+    return [(shown[(r["run_id"], r["check"])], sorted(r["evidence_seqs"]),
+             r["evidence_seq_count"]) for _, r in audit.conformance.iterrows()]
+
+
+def test_conformance_evidence_says_how_many_more_seqs_there_are(audit: data.Pages) -> None:
+    cut = [(t, s, n) for t, s, n in _evidence_cells(audit) if n > len(s)]
+    assert cut, "the fixture must hold a check with more evidence than evidence_seqs keeps"
+    for text, seqs, n in cut:
+        assert text == ", ".join(map(str, seqs)) + f" … and {n - len(seqs):,} more"
+
+
+def test_conformance_evidence_held_whole_says_no_more(audit: data.Pages) -> None:
+    whole = [(t, s, n) for t, s, n in _evidence_cells(audit) if 0 < n == len(s)]
+    assert whole
+    for text, seqs, _ in whole:
+        assert text == ", ".join(map(str, seqs))
 
 
 # -- the HTML report -----------------------------------------------------------------------------

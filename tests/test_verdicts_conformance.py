@@ -12,7 +12,7 @@ from pathlib import Path
 from kvclaims.audit import open_audit
 from kvclaims.reconstruct import core
 from kvclaims.sources import shapes
-from kvclaims.reconstruct.checks import CHECKS
+from kvclaims.reconstruct.checks import CHECKS, EVIDENCE_MAX
 from tests import verdict_shapes as vs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"
@@ -159,6 +159,42 @@ def test_a_protected_claim_losing_content_after_a_hook_failure_is_unknown() -> N
 def test_a_protected_claim_losing_content_before_a_hook_failure_fails() -> None:
     assert judge(vs.protected_loss_around_hook(hook_first=False))[
         "INV_no_protected_loss"][0] == "fail"
+
+
+# -- bounded evidence: the smallest EVIDENCE_MAX seqs and how many there are ------------------
+
+def lost_under_enforcement() -> core.Tables:
+    """The native probe's trace judged under an enforcing policy: each of its 50 harm losses of
+    a hard claim is a protected_block_lost finding (INV_no_protected_loss fails on 50 seqs),
+    and its one infeasible admission fails INV_feasible_admission on one seq."""
+    events = probe("lost", claim_mode="hard_protected")
+    return vs.reconstruct_events([{**e, "policy": "hard_protected"} if "policy" in e else e
+                                  for e in events])
+
+
+def evidence(t: core.Tables, check: str) -> tuple[str, list[int], int]:
+    return t.con.sql('SELECT verdict, evidence_seqs, evidence_seq_count FROM conformance '
+                     'WHERE "check" = $c', params={"c": check}).fetchall()[0]
+
+
+def finding_seqs(t: core.Tables, kind: str) -> list[int]:
+    return [s for s, in t.con.sql("SELECT DISTINCT seq FROM findings WHERE kind = $k "
+                                  "ORDER BY seq", params={"k": kind}).fetchall()]
+
+
+def test_evidence_beyond_the_bound_keeps_the_smallest_seqs_and_the_true_count() -> None:
+    t = lost_under_enforcement()
+    verdict, seqs, n = evidence(t, "INV_no_protected_loss")
+    lost = finding_seqs(t, "protected_block_lost")
+    assert len(lost) > EVIDENCE_MAX
+    assert verdict == "fail" and seqs == lost[:EVIDENCE_MAX] and n == len(lost)
+
+
+def test_evidence_within_the_bound_is_kept_whole_its_length_the_count() -> None:
+    t = lost_under_enforcement()
+    verdict, seqs, n = evidence(t, "INV_feasible_admission")
+    assert verdict == "fail" and seqs == finding_seqs(t, "infeasible_admission")
+    assert n == len(seqs) <= EVIDENCE_MAX
 
 
 # -- titles and the documentation --------------------------------------------------------------

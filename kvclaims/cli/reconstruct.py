@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kvclaims import fleet
 from kvclaims.cli.io import audit_options, open_audit
@@ -14,6 +14,10 @@ from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import VERDICT
 from kvclaims.progress import Progress
 from kvclaims.reconstruct.checks import CHECKS, checks_help
+
+#: ``kvclaims conformance`` shows at most this many evidence seqs on a check's line, then how
+#: many more there are.
+EVIDENCE_SHOWN: Final[int] = 12
 
 
 def register(subparsers: Any) -> None:
@@ -147,10 +151,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     with open_audit(args, args.paths, "conformance") as audit:
         cols = audit.table("conformance").columns
         title = next((c for c in ("title", "check_title") if c in cols), None)
+        # NOTE: evidence_seqs holds the smallest seqs only; a dataset written before the count
+        # existed holds every seq, so its length is the count
+        count = ("evidence_seq_count" if "evidence_seq_count" in cols
+                 else "len(coalesce(evidence_seqs, []))")
         rows = audit.con.sql(
             'SELECT run_id, "check", ' + (f'"{title}"' if title else '"check"')
-            + ", verdict, list_sort(coalesce(evidence_seqs, [])), detail FROM conformance "
-            'ORDER BY run_id, "check"').fetchall()
+            + ", verdict, list_sort(coalesce(evidence_seqs, [])), detail, " + count
+            + ' FROM conformance ORDER BY run_id, "check"').fetchall()
         # NOTE: the order of the one check table (reconstruct/checks.py); unknown ids last
         order = {c.name: c.ord for c in CHECKS}
         rows.sort(key=lambda r: (r[0], order.get(r[1], len(order) + 1000), r[1]))
@@ -162,7 +170,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     failed = any(r[3] == VERDICT.fail for r in rows)
     if args.json:
         print(json.dumps([{"run_id": r[0], "check": r[1], "title": r[2], "verdict": r[3],
-                           "evidence_seqs": r[4], "detail": r[5]} for r in rows], indent=2))
+                           "evidence_seqs": r[4], "evidence_seq_count": r[6], "detail": r[5]}
+                          for r in rows], indent=2))
         return 1 if failed else 0
     counts: dict[str, int] = {}
     for r in rows:
@@ -174,14 +183,15 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     title_w = max([len(r[2] or "") for r in rows] + [5])
     verdict_w = max([len(r[3]) for r in rows] + [7])
     run = None
-    for rid, check, ttl, verdict, seqs, detail in rows:
+    for rid, check, ttl, verdict, seqs, detail, n_seqs in rows:
         if rid != run:
             print(rid)
             if lowering.get(rid):  # what the runtime does with each mode (docs/design.md §3)
                 print("  modes: " + ", ".join(f"{m} {v}" for m, v in lowering[rid]))
             run = rid
-        ev = ("seq " + ",".join(str(s) for s in seqs[:12]) + (",..." if len(seqs) > 12 else "")
-              ) if seqs else "-"
+        ev = ("seq " + ",".join(str(s) for s in seqs[:EVIDENCE_SHOWN])
+              + (f" ... and {n_seqs - EVIDENCE_SHOWN:,} more" if n_seqs > EVIDENCE_SHOWN
+                 else "")) if seqs else "-"
         shown_title = ttl if title else ""
         print(f"  {check:<{check_w}}  " + (f"{shown_title:<{title_w}}  " if title else "")
               + f"{verdict:<{verdict_w}}  {ev}  {detail or ''}".rstrip())

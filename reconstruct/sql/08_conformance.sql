@@ -29,7 +29,11 @@ SELECT * FROM (VALUES
     /*@KV_CHECKS@*/
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
-CREATE OR REPLACE TABLE conformance AS
+-- Statement 1: each (run, check)'s situation and evidence, bounded: kv_check_evidence.
+-- Statement 2: the verdicts from it: conformance.
+-- NOTE: two statements, so that the many intermediate relations of the first are gone before
+-- the second runs (one statement held them all at once and ran out of a 1 GB memory_limit).
+CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
 WITH fk AS (
     -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
     -- no claim) fails no check
@@ -44,23 +48,18 @@ WITH fk AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
     FROM fails f JOIN fk k ON k.kind = f.kind
 ), failed AS (
-    -- each (run, check) that failing findings fail: their seqs, their claim instances, and
-    -- their kinds with how many of each ('kind xN, ...', by kind)
-    -- NOTE: one aggregate of finding_fails (as large as the failing findings), joined on
-    -- (run, check): not one correlated subquery over it per column
-    SELECT run_id, check_name,
-           flatten(list(seqs)) AS seqs,
-           nullif(list_distinct(flatten(list(claim_seqs))), []::BIGINT[]) AS claim_seqs,
-           string_agg(kind || ' x' || n, ', ' ORDER BY kind) AS kinds
-    FROM (SELECT run_id, check_name, kind, count(*) AS n,
-                 list(seq) FILTER (WHERE seq IS NOT NULL) AS seqs,
-                 list(DISTINCT claim_seq) FILTER (WHERE claim_seq IS NOT NULL) AS claim_seqs
+    -- each (run, check) that failing findings fail, with their kinds and how many of each
+    -- ('kind xN, ...', by kind); their seqs and claim instances stay rows of finding_fails
+    -- NOTE: one aggregate of finding_fails, joined on (run, check): not one correlated
+    -- subquery over it per column. string_agg: bounded by the finding kinds.
+    SELECT run_id, check_name, string_agg(kind || ' x' || n, ', ' ORDER BY kind) AS kinds
+    FROM (SELECT run_id, check_name, kind, count(*) AS n
           FROM finding_fails
           GROUP BY run_id, check_name, kind)
     GROUP BY run_id, check_name
-), c AS (
+), c AS NOT MATERIALIZED (
     SELECT * FROM kv_claim_facts
-), uncovered_losses AS (
+), uncovered_losses AS NOT MATERIALIZED (
     -- L1: the losses not covered by any claim accepted before them (uncovered), and those
     -- labelled harm that no claim accepted before them labels harm
     -- NOTE: the labelling pass marks each loss (kv_losses.covered / covered_harm) from its
@@ -69,38 +68,25 @@ WITH fk AS (
            label = {label.harm} AND NOT covered_harm AS uncovered_harm
     FROM kv_losses
     WHERE NOT covered OR (label = {label.harm} AND NOT covered_harm)
-), first_uncovered AS (
-    -- the 10 smallest seqs of each run's uncovered losses, ascending
-    -- NOTE: row_number() filtered in WHERE: DuckDB runs it as a top-N, Spark can run it too
-    SELECT run_id, list(seq ORDER BY seq) AS first_seqs
-    FROM (SELECT run_id, seq, row_number() OVER (PARTITION BY run_id ORDER BY seq) AS rank
-          FROM uncovered_losses WHERE uncovered)
-    WHERE rank <= 10
-    GROUP BY run_id
 ), uncovered AS (
-    -- per run: how many uncovered losses (NULL: none), the first of them, and the seqs of
-    -- the uncovered harms
-    SELECT u.run_id, u.n, f.first_seqs, u.harm_seqs
-    FROM (SELECT run_id, nullif(count(*) FILTER (WHERE uncovered), 0) AS n,
-                 list(seq ORDER BY seq) FILTER (WHERE uncovered_harm) AS harm_seqs
-          FROM uncovered_losses
-          GROUP BY run_id) u
-    LEFT JOIN first_uncovered f ON f.run_id = u.run_id
-), denied_cached AS (
+    -- per run: how many uncovered losses (NULL: none)
+    SELECT run_id, nullif(count(*) FILTER (WHERE uncovered), 0) AS n
+    FROM uncovered_losses
+    GROUP BY run_id
+), denied_cached AS NOT MATERIALIZED (
     -- the block_cached events of reuse-denied requests (the only block events this stage scans)
     SELECT e.run_id, e.request_id, e.seq
     FROM events e
     WHERE e.event = {event.block_cached}
       AND e.request_id IN (SELECT request_id FROM requests WHERE reuse_denied)
 ), denied AS (
-    -- L2: each reuse-denied request, whether it was served, and the residents lost while it ran
+    -- L2: each reuse-denied request, whether it was served, and the residents lost while it
+    -- ran: how many (n) and the first (first_seq)
+    -- NOTE: a count and a min, not a list: a request never finished runs to the run's end
     SELECT q.run_id, q.request_id, q.reuse_denied_seq, q.finished_seq, q.refused_seq,
            q.outcome IN ({request_outcome.served}, {request_outcome.deferred_then_served}) AS served,
            q.outcome NOT IN ({request_outcome.served}, {request_outcome.deferred_then_served}, {request_outcome.unknown}) AS not_served,
-           (SELECT list(e.seq ORDER BY e.seq) FROM denied_cached e
-            WHERE e.run_id = q.run_id
-              AND e.request_id = q.request_id AND e.seq > q.reuse_denied_seq) AS cached_after,
-           (SELECT list(l.seq ORDER BY l.seq) FROM losses l
+           (SELECT {'n': count(*), 'first_seq': min(l.seq)} FROM losses l
             WHERE l.run_id = q.run_id AND l.was_resident
               AND (l.by_request_id = q.request_id
                    OR (l.seq > q.reuse_denied_seq
@@ -131,8 +117,7 @@ WITH fk AS (
            count(*) FILTER (WHERE seq > release_seq AND label = {label.relaxation}) AS n_relaxation,
            count(*) FILTER (WHERE seq > release_seq AND label = {label.expiry}) AS n_expiry,
            count(*) FILTER (WHERE seq > release_seq
-                              AND label NOT IN ({label.relaxation}, {label.expiry})) AS n_other,
-           list(seq ORDER BY seq) FILTER (WHERE label = {label.harm}) AS harm_seqs
+                              AND label NOT IN ({label.relaxation}, {label.expiry})) AS n_other
     FROM loss_claims
     WHERE release_event IN ({event.claim_demoted}, {event.claim_expired})
     GROUP BY run_id, claim_seq
@@ -141,12 +126,11 @@ WITH fk AS (
     SELECT c.run_id, c.claim_seq, c.release_event, c.release_seq, c.ttl_s,
            c.expired_ts_ns, c.accepted_ts_ns, coalesce(x.n_later, 0) AS n_later,
            x.first_later_seq, coalesce(x.n_relaxation, 0) AS n_relaxation,
-           coalesce(x.n_expiry, 0) AS n_expiry, coalesce(x.n_other, 0) AS n_other,
-           x.harm_seqs
+           coalesce(x.n_expiry, 0) AS n_expiry, coalesce(x.n_other, 0) AS n_other
     FROM c
     LEFT JOIN released_losses x ON x.run_id = c.run_id AND x.claim_seq = c.claim_seq
     WHERE c.release_event IN ({event.claim_demoted}, {event.claim_expired})
-), lit_soft AS (
+), lit_soft AS NOT MATERIALIZED (
     -- LIT_soft_order: each loss of a soft_priority instance's leading block while in force;
     -- labelled harm exactly when a lower-priority evictable block existed (docs/design.md §3)
     SELECT l.run_id, l.seq, l.claim_seq, l.label
@@ -182,14 +166,15 @@ WITH fk AS (
     FROM claims x
     WHERE x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL
       AND x.outcome <> {claim_outcome.unknown}
-), cached AS (
+), cached AS NOT MATERIALIZED (
     -- L7: requests whose num_cached_tokens can be compared with the trace
-    SELECT run_id, list(finished_seq ORDER BY finished_seq) AS seqs, count(*) AS n
+    SELECT run_id, finished_seq
     FROM requests
     WHERE num_cached_tokens IS NOT NULL AND reconstructed_cached_tokens IS NOT NULL
       -- NOTE: 0 reported and 0 rebuilt compares nothing: no vacuous pass
       AND (num_cached_tokens > 0 OR reconstructed_cached_tokens > 0)
-    GROUP BY run_id
+), cached_n AS (
+    SELECT run_id, count(*) AS n FROM cached GROUP BY run_id
 ), pinned_losses AS (
     -- INV_no_protected_loss's situation: the losses that happened while a pinning instance
     -- was in force (accepted at or before the loss, not released at or before it: the pass
@@ -209,11 +194,400 @@ WITH fk AS (
     FROM feasibility f
     JOIN chunked ch ON ch.run_id = f.run_id AND ch.request_id = f.request_id
     WHERE f.event = {event.request_admitted}
-), unrebuilt AS (
+), run_loss_claims AS (
+    -- per run aggregates that say whether each check's situation occurred and fill its pass
+    -- detail, one LEFT JOIN each below
+    -- NOTE: an aggregate per run, not EXISTS per run: a correlated EXISTS becomes a join that
+    -- builds the subquery's rows (millions of loss_claims) in memory
+    SELECT run_id, bool_or(label = {label.harm}) AS harm,
+           bool_or(release_seq IS NOT NULL) AS released
+    FROM loss_claims GROUP BY run_id
+), run_refs AS (
+    SELECT run_id, bool_or(event = {event.claim_harmed}) AS harmed,
+           bool_or(event = {event.claim_materialized}) AS materialized
+    FROM kv_claim_refs WHERE event IN ({event.claim_harmed}, {event.claim_materialized})
+    GROUP BY run_id
+), run_events AS (
+    SELECT run_id, bool_or(event = {event.request_refused}) AS refused
+    FROM kv_stage_events
+    WHERE event IN ({event.claim_harmed}, {event.claim_materialized}, {event.request_refused})
+    GROUP BY run_id
+), run_claims AS (
+    SELECT run_id, count(*) FILTER (WHERE accepted_seq IS NOT NULL) AS accepted,
+           count(materialized_seq) FILTER (WHERE accepted_seq IS NOT NULL) AS materialized,
+           bool_or(outcome = {claim_outcome.harmed}) AS harmed,
+           coalesce(sum(blocks_lost_harm + blocks_lost_eviction)
+                        FILTER (WHERE protection_mode = {mode.hard_protected}), 0) AS hard_lost
+    FROM claims GROUP BY run_id
+), run_denied AS (
+    SELECT run_id, count(*) AS n, sum(lost.n) AS lost
+    FROM denied WHERE served AND lost.n > 0 GROUP BY run_id
+), run_hard AS (
+    SELECT run_id, count(DISTINCT seq) AS n,
+           count(DISTINCT seq) FILTER (WHERE event = {event.request_refused}) AS refused,
+           count(DISTINCT seq) FILTER (WHERE event = {event.request_deferred}) AS deferred
+    FROM hard_conflicts GROUP BY run_id
+), run_released AS (
+    SELECT run_id, release_event, count(*) AS n, sum(n_later) AS n_later,
+           sum(n_expiry) AS n_expiry, sum(n_relaxation) AS n_relaxation, sum(n_other) AS n_other
+    FROM released WHERE n_later > 0 GROUP BY run_id, release_event
+), run_feasibility AS (
+    SELECT run_id,
+           bool_or(event = {event.request_admitted} AND protected_blocks > 0) AS admitted_protected,
+           count(*) FILTER (WHERE event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
+                              AND protected_blocks > 0 AND live_blocks > 0) AS decisions
+    FROM feasibility GROUP BY run_id
+), run_chunked AS (
+    SELECT run_id, count(*) AS n, sum(required_blocks) AS blocks
+    FROM chunked_adm GROUP BY run_id
+), run_lowering AS (
+    SELECT run_id, count(*) AS n FROM kv_manifest_lowering GROUP BY run_id
+), run_releases AS (
+    SELECT run_id, count(*) AS n, count(*) FILTER (WHERE NOT verified) AS unverified,
+           bool_or(verified) AS verified
+    FROM kv_lifecycle_ends WHERE event = {event.claim_released} GROUP BY run_id
+), run_lit AS (
+    SELECT run_id, sum(soft) AS soft, sum(value) AS value, sum(broke) AS broke,
+           sum(unmat) AS unmat
+    FROM (SELECT run_id, count(*) AS soft, 0 AS value, 0 AS broke, 0 AS unmat
+          FROM lit_soft GROUP BY run_id
+          UNION ALL
+          SELECT run_id, 0, count(*), count(*) FILTER (WHERE broke), 0
+          FROM lit_value GROUP BY run_id
+          UNION ALL
+          SELECT run_id, 0, 0, 0, count(*) FROM lit_unmat GROUP BY run_id)
+    GROUP BY run_id
+), raw AS (
+    -- Each check: exercised (its situation occurred) and a detail line for a pass. The seqs
+    -- and claim instances of its evidence are rows: fail_rows, pass_rows, claim_rows below.
+    SELECT r.run_id, t.check_name,
+           CASE t.check_name
+               -- L1: no accepted claim -> no harm
+               WHEN {check.L1} THEN u.n IS NOT NULL OR coalesce(rr.harmed, false)
+               -- L2: write no-admit serves the active request, yet residents are still evicted
+               WHEN {check.L2} THEN rd.n IS NOT NULL
+               -- L3: an accepted hard claim turns infeasibility into a refusal naming it
+               WHEN {check.L3} THEN r.enforcing AND rh.n IS NOT NULL
+               -- L4 / L5: a demotion (expiry) strictly precedes every later loss of it
+               WHEN {check.L4} THEN rl4.n IS NOT NULL
+               WHEN {check.L5} THEN rl5.n IS NOT NULL
+               -- L6: surviving block count is not the predicate
+               WHEN {check.L6} THEN coalesce(rr.materialized, false)
+                              OR coalesce(rc.accepted > rc.materialized, false)
+               -- L7: the outcome reconstructed from the trace equals what the runtime reported
+               WHEN {check.L7} THEN re.run_id IS NOT NULL OR coalesce(rc.harmed, false)
+                              OR ch.n IS NOT NULL
+               -- invariants
+               WHEN {check.INV_no_harm_without_acceptance}
+                   THEN coalesce(rr.harmed, false) OR coalesce(rlc.harm, false)
+               -- a loss of a released instance's content (before or after its release)
+               WHEN {check.INV_release_precedes_loss} THEN coalesce(rlc.released, false)
+               WHEN {check.INV_refusal_names_protected_claim} THEN coalesce(re.refused, false)
+               WHEN {check.INV_no_protected_loss} THEN r.enforcing AND pl.run_id IS NOT NULL
+               WHEN {check.INV_feasible_admission}
+                   THEN r.enforcing AND coalesce(rf.admitted_protected, false)
+               -- feasibility, chunking and lowering litmus (issue 24 items 3-5)
+               WHEN {check.L_feasibility} THEN r.enforcing AND coalesce(rf.decisions > 0, false)
+               WHEN {check.L_chunking} THEN rch.n IS NOT NULL
+               WHEN {check.L_lowering} THEN rlw.n IS NOT NULL
+               -- NOTE: a release the format cannot verify (no released_by) does not exercise it
+               WHEN {check.INV_release_by_owner} THEN coalesce(rre.verified, false)
+               -- litmus: soft order, thresholded value, materialization failure
+               WHEN {check.LIT_soft_order} THEN r.enforcing AND coalesce(lit.soft > 0, false)
+               WHEN {check.LIT_thresholded_value} THEN coalesce(lit.value > 0, false)
+               WHEN {check.LIT_materialization_failure} THEN coalesce(lit.unmat > 0, false)
+           END AS exercised,
+           CASE t.check_name
+               WHEN {check.L1} THEN format('{} loss(es) without an accepted claim, none labelled harm',
+                                     coalesce(u.n, 0))
+               WHEN {check.L2} THEN format('{} write-no-admit request(s) served while {} resident '
+                                     'block(s) were evicted', coalesce(rd.n, 0), rd.lost)
+               WHEN {check.L3} THEN format('{} infeasible decision(s) facing a hard claim: {} '
+                                     'refusal(s), {} deferral(s) naming it; {} hard-claim '
+                                     'block(s) lost', coalesce(rh.n, 0), coalesce(rh.refused, 0),
+                                     coalesce(rh.deferred, 0), coalesce(rc.hard_lost, 0))
+               WHEN {check.L4} THEN format('{} {} claim instance(s) later lost {} block(s): {} '
+                                     'labelled {}, {} otherwise, none harm', coalesce(rl4.n, 0),
+                                     {event.claim_demoted}, rl4.n_later, rl4.n_relaxation,
+                                     {label.relaxation}, rl4.n_other)
+               WHEN {check.L5} THEN format('{} {} claim instance(s) later lost {} block(s): {} '
+                                     'labelled {}, {} otherwise, none harm', coalesce(rl5.n, 0),
+                                     {event.claim_expired}, rl5.n_later, rl5.n_expiry,
+                                     {label.expiry}, rl5.n_other)
+               WHEN {check.L6} THEN format('{} accepted claim instance(s): {} materialized (all '
+                                     'leading positions resident), {} never',
+                                     coalesce(rc.accepted, 0), coalesce(rc.materialized, 0),
+                                     coalesce(rc.accepted - rc.materialized, 0))
+               WHEN {check.L7} THEN format('every runtime report (claim_harmed, claim_materialized, '
+                                     'refusals) agrees with the reconstruction, in order; {} '
+                                     'request(s): vLLM''s num_cached_tokens equals the prefix '
+                                     'hit in the trace', coalesce(ch.n, 0))
+               WHEN {check.INV_no_harm_without_acceptance}
+                   THEN 'every harm (reported or reconstructed) follows its claim''s acceptance'
+               WHEN {check.INV_release_precedes_loss}
+                   THEN 'every relaxation/expiry loss is strictly after its release; no harm '
+                        'before it'
+               WHEN {check.INV_refusal_names_protected_claim}
+                   THEN 'every refusal names in-force, materialized, protected claims'
+               WHEN {check.INV_no_protected_loss}
+                   THEN format('{} block loss(es) while a pinning claim was in force; none of '
+                               'its blocks', pl.n)
+               WHEN {check.INV_feasible_admission}
+                   THEN 'protected + active live <= usable (rebuilt from the trace) at every '
+                        'admission under an enforcing policy while claims protected blocks'
+               WHEN {check.L_feasibility}
+                   THEN format('{} decision(s) with protected and live KV: every one judged on '
+                               'protected + active live <= usable, rebuilt, and the runtime''s '
+                               'figures agree', coalesce(rf.decisions, 0))
+               WHEN {check.L_chunking}
+                   THEN format('{} request(s) allocated over 2 or more scheduler steps: each '
+                               'admission judged on the full prompt less hits ({} block(s) in '
+                               'all)', coalesce(rch.n, 0), rch.blocks)
+               WHEN {check.L_lowering}
+                   THEN format('{} mode(s) declared in the manifest, none contradicted by the '
+                               'run''s evidence', coalesce(rlw.n, 0))
+               WHEN {check.INV_release_by_owner}
+                   THEN format('{} release(s): by the claim''s own tenant or the operator ({} '
+                               'unverified: the format records no released_by)',
+                               coalesce(rre.n, 0), coalesce(rre.unverified, 0))
+               WHEN {check.LIT_soft_order}
+                   THEN format('{} loss(es) of soft_priority claims in force, none while a '
+                               'lower-priority evictable block existed', coalesce(lit.soft, 0))
+               WHEN {check.LIT_thresholded_value}
+                   THEN format('{} loss(es): value lost exactly where the leading prefix of '
+                               'the threshold broke ({} with other blocks surviving), kept '
+                               'where it held ({})', coalesce(lit.value, 0),
+                               coalesce(lit.broke, 0), coalesce(lit.value - lit.broke, 0))
+               WHEN {check.LIT_materialization_failure}
+                   THEN format('{} accepted claim(s) never materialized: none harmed, '
+                               'preserved or reported materialized', coalesce(lit.unmat, 0))
+           END AS pass_detail
+    FROM kv_runs r
+    CROSS JOIN (SELECT "check" AS check_name FROM kv_checks) t
+    LEFT JOIN uncovered u ON u.run_id = r.run_id
+    LEFT JOIN run_refs rr ON rr.run_id = r.run_id
+    LEFT JOIN run_denied rd ON rd.run_id = r.run_id
+    LEFT JOIN run_hard rh ON rh.run_id = r.run_id
+    LEFT JOIN run_released rl4 ON rl4.run_id = r.run_id
+                              AND rl4.release_event = {event.claim_demoted}
+    LEFT JOIN run_released rl5 ON rl5.run_id = r.run_id
+                              AND rl5.release_event = {event.claim_expired}
+    LEFT JOIN run_claims rc ON rc.run_id = r.run_id
+    LEFT JOIN run_events re ON re.run_id = r.run_id
+    LEFT JOIN cached_n ch ON ch.run_id = r.run_id
+    LEFT JOIN run_loss_claims rlc ON rlc.run_id = r.run_id
+    LEFT JOIN pinned_losses pl ON pl.run_id = r.run_id
+    LEFT JOIN run_feasibility rf ON rf.run_id = r.run_id
+    LEFT JOIN run_chunked rch ON rch.run_id = r.run_id
+    LEFT JOIN run_lowering rlw ON rlw.run_id = r.run_id
+    LEFT JOIN run_releases rre ON rre.run_id = r.run_id
+    LEFT JOIN run_lit lit ON lit.run_id = r.run_id
+), fail_rows AS NOT MATERIALIZED (
+    -- each check's own failing seqs beyond its failing findings, one row each (a seq may be
+    -- NULL: the condition holds without one)
+    SELECT run_id, {check.L1} AS check_name, seq FROM uncovered_losses WHERE uncovered_harm
+    UNION ALL
+    -- L2: the denied request was not served, or it cached a block after its denial
+    SELECT d.run_id, {check.L2}, unnest([v FOR v IN [d.reuse_denied_seq, d.refused_seq,
+                                               d.finished_seq] IF v IS NOT NULL])
+    FROM denied d WHERE d.not_served
+    UNION ALL
+    SELECT d.run_id, {check.L2}, e.seq
+    FROM denied d
+    JOIN denied_cached e ON e.run_id = d.run_id AND e.request_id = d.request_id
+                        AND e.seq > d.reuse_denied_seq
+    UNION ALL
+    -- L3 (enforcing runs): a hard claim harmed; an infeasible deferral/refusal naming no hard
+    -- claim
+    SELECT x.run_id, {check.L3}, x.first_harm_seq
+    FROM claims x JOIN kv_runs r ON r.run_id = x.run_id
+    WHERE r.enforcing AND x.protection_mode = {mode.hard_protected}
+      AND x.outcome = {claim_outcome.harmed}
+    UNION ALL
+    SELECT f.run_id, {check.L3}, f.seq
+    FROM feasibility f JOIN kv_runs r ON r.run_id = f.run_id
+    WHERE r.enforcing AND NOT f.feasible
+      AND f.event IN ({event.request_deferred}, {event.request_refused})
+      AND NOT EXISTS (SELECT 1 FROM kv_claim_refs x JOIN c
+                        ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
+                      WHERE x.run_id = f.run_id AND x.seq = f.seq
+                        AND c.protection_mode = {mode.hard_protected})
+    UNION ALL
+    -- L4 / L5: a harm row of a demoted (expired) instance, or an expiry before acceptance +
+    -- ttl_s
+    SELECT x.run_id, CASE x.release_event WHEN {event.claim_demoted} THEN {check.L4} ELSE {check.L5} END,
+           l.seq
+    FROM released x
+    JOIN loss_claims l ON l.run_id = x.run_id AND l.claim_seq = x.claim_seq
+    WHERE l.release_event IN ({event.claim_demoted}, {event.claim_expired})
+      AND l.label = {label.harm}
+    UNION ALL
+    SELECT x.run_id, {check.L5}, x.release_seq
+    FROM released x
+    WHERE x.release_event = {event.claim_expired} AND x.ttl_s IS NOT NULL
+      AND x.expired_ts_ns < x.accepted_ts_ns + CAST(x.ttl_s * 1e9 AS BIGINT)
+    UNION ALL
+    -- L6: a claim_harmed for a claim that never materialized
+    SELECT x.run_id, {check.L6}, x.reported_harm_seq
+    FROM claims x WHERE x.materialized_seq IS NULL AND x.reported_harm_seq IS NOT NULL
+    UNION ALL
+    SELECT x.run_id, {check.LIT_soft_order}, x.seq
+    FROM lit_soft x JOIN kv_runs r ON r.run_id = x.run_id
+    WHERE r.enforcing AND x.label = {label.harm}
+    UNION ALL
+    SELECT x.run_id, {check.LIT_thresholded_value}, x.seq FROM lit_value x WHERE NOT x.ok
+    UNION ALL
+    -- NOTE: bad_seqs: at most 3 per instance
+    SELECT x.run_id, {check.LIT_materialization_failure}, unnest(x.bad_seqs) FROM lit_unmat x
+), pass_rows AS (
+    -- the seqs that show what each check exercised, one row each (a seq may repeat)
+    SELECT run_id, {check.L1} AS check_name, seq FROM uncovered_losses WHERE uncovered
+    UNION ALL
+    SELECT d.run_id, {check.L2}, unnest([d.reuse_denied_seq, d.finished_seq, d.lost.first_seq])
+    FROM denied d WHERE d.served AND d.lost.n > 0
+    UNION ALL
+    SELECT run_id, {check.L3}, seq FROM hard_conflicts
+    UNION ALL
+    SELECT x.run_id, CASE x.release_event WHEN {event.claim_demoted} THEN {check.L4} ELSE {check.L5} END,
+           unnest([x.release_seq, x.first_later_seq])
+    FROM released x WHERE x.n_later > 0
+    UNION ALL
+    SELECT x.run_id, {check.L6}, unnest([x.accepted_seq, x.materialized_seq,
+                                   x.reported_materialized_seq])
+    FROM claims x WHERE x.accepted_seq IS NOT NULL
+    UNION ALL
+    SELECT x.run_id, {check.L7}, unnest([x.first_harm_seq, x.reported_harm_seq, x.materialized_seq,
+                                   x.reported_materialized_seq])
+    FROM claims x
+    UNION ALL
+    SELECT run_id, {check.L7}, finished_seq FROM cached
+    UNION ALL
+    SELECT run_id, {check.INV_no_harm_without_acceptance}, seq
+    FROM kv_claim_refs WHERE event = {event.claim_harmed}
+    UNION ALL
+    SELECT run_id, {check.INV_release_precedes_loss}, release_seq FROM c
+    UNION ALL
+    SELECT run_id, {check.INV_refusal_names_protected_claim}, seq
+    FROM kv_stage_events WHERE event = {event.request_refused}
+    UNION ALL
+    SELECT run_id, {check.INV_no_protected_loss}, accepted_seq FROM c WHERE pinned_mode
+    UNION ALL
+    SELECT run_id, {check.INV_feasible_admission}, seq
+    FROM feasibility WHERE event = {event.request_admitted} AND protected_blocks > 0
+    UNION ALL
+    SELECT run_id, {check.L_feasibility}, seq
+    FROM feasibility
+    WHERE event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
+      AND protected_blocks > 0 AND live_blocks > 0
+    UNION ALL
+    SELECT run_id, {check.L_chunking}, seq FROM chunked_adm
+    UNION ALL
+    SELECT run_id, {check.INV_release_by_owner}, seq
+    FROM kv_lifecycle_ends WHERE event = {event.claim_released}
+    UNION ALL
+    SELECT run_id, {check.LIT_soft_order}, seq FROM lit_soft
+    UNION ALL
+    SELECT run_id, {check.LIT_thresholded_value}, seq FROM lit_value
+    UNION ALL
+    SELECT run_id, {check.LIT_materialization_failure}, accepted_seq FROM lit_unmat
+), claim_rows AS (
+    -- the claim instances each check judged (a pass's or an unknown's evidence), one row each
+    SELECT run_id, {check.L3} AS check_name, claim_seq FROM hard_conflicts
+    UNION ALL
+    SELECT run_id, CASE release_event WHEN {event.claim_demoted} THEN {check.L4} ELSE {check.L5} END,
+           claim_seq
+    FROM released WHERE n_later > 0
+    UNION ALL
+    SELECT run_id, {check.L6}, claim_seq FROM claims WHERE accepted_seq IS NOT NULL
+    UNION ALL
+    SELECT run_id, {check.L7}, claim_seq FROM claims
+    WHERE reported_harm_seq IS NOT NULL OR reported_materialized_seq IS NOT NULL
+       OR outcome = {claim_outcome.harmed}
+    UNION ALL
+    SELECT run_id, {check.INV_no_harm_without_acceptance}, claim_seq
+    FROM kv_claim_refs WHERE event = {event.claim_harmed}
+    UNION ALL
+    SELECT run_id, {check.INV_release_precedes_loss}, claim_seq FROM c WHERE release_seq IS NOT NULL
+    UNION ALL
+    SELECT run_id, {check.INV_refusal_names_protected_claim}, claim_seq
+    FROM kv_claim_refs WHERE event = {event.request_refused}
+    UNION ALL
+    SELECT run_id, {check.INV_no_protected_loss}, claim_seq
+    FROM c WHERE pinned_mode AND accepted_seq IS NOT NULL
+    UNION ALL
+    SELECT f.run_id, {check.L_feasibility}, u.cs
+    FROM feasibility f, unnest(f.protected_claim_seqs) u(cs)
+    WHERE f.protected_blocks > 0 AND f.live_blocks > 0
+    UNION ALL
+    SELECT run_id, {check.INV_release_by_owner}, claim_seq
+    FROM kv_lifecycle_ends WHERE event = {event.claim_released}
+    UNION ALL
+    SELECT run_id, {check.LIT_soft_order}, claim_seq FROM lit_soft
+    UNION ALL
+    SELECT run_id, {check.LIT_thresholded_value}, claim_seq FROM lit_value
+    UNION ALL
+    SELECT run_id, {check.LIT_materialization_failure}, claim_seq FROM lit_unmat
+), fail_evidence AS (
+    -- per (run, check): its failing seqs (the failing findings' and its own, each once): how
+    -- many, the first, and the smallest /*@EVIDENCE_MAX@*/ ascending
+    -- NOTE: min(seq, n) keeps n values per group (a top-n), a list of every seq would hold
+    -- them all and cannot spill; the verdict reads the count and the first, never the list
+    SELECT run_id, check_name, count(*) AS n, min(seq) AS first_seq,
+           list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
+    FROM (SELECT run_id, check_name, seq FROM finding_fails WHERE seq IS NOT NULL
+          UNION
+          SELECT run_id, check_name, seq FROM fail_rows WHERE seq IS NOT NULL)
+    GROUP BY run_id, check_name
+), own_failed AS (
+    -- each (run, check) whose own failing condition holds (with or without a seq)
+    SELECT DISTINCT run_id, check_name FROM fail_rows
+), pass_evidence AS (
+    -- per (run, check): the seqs that show what it exercised, each once: how many, the last,
+    -- and the smallest /*@EVIDENCE_MAX@*/ ascending
+    SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
+           list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
+    FROM (SELECT DISTINCT run_id, check_name, seq FROM pass_rows WHERE seq IS NOT NULL)
+    GROUP BY run_id, check_name
+), evidence_claims AS (
+    -- the claim instances of each (run, check)'s evidence, per side (failing: those its
+    -- failing findings name; else those the check judged): how many, and the
+    -- /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
+    -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
+    SELECT e.run_id, e.check_name, e.failing_side, count(*) AS n,
+           min_by({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}, f.claim_seq,
+                  /*@EVIDENCE_MAX@*/) AS claims
+    FROM (SELECT DISTINCT run_id, check_name, true AS failing_side, claim_seq
+          FROM finding_fails WHERE claim_seq IS NOT NULL
+          UNION
+          SELECT DISTINCT run_id, check_name, false, claim_seq
+          FROM claim_rows WHERE claim_seq IS NOT NULL) e
+    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
+    GROUP BY e.run_id, e.check_name, e.failing_side
+)
+SELECT raw.*,
+       fe.seqs AS fail_seqs, coalesce(fe.n, 0) AS n_fail_seqs, fe.first_seq AS first_fail_seq,
+       pe.seqs AS pass_seqs, coalesce(pe.n, 0) AS n_pass_seqs, pe.last_seq AS last_pass_seq,
+       ff.kinds AS fail_kinds,
+       ofl.run_id IS NOT NULL AS own_failing,
+       ff.run_id IS NOT NULL OR ofl.run_id IS NOT NULL AS failing,
+       fc.claims AS fail_claims, coalesce(fc.n, 0) AS n_fail_claims,
+       pc.claims AS pass_claims, coalesce(pc.n, 0) AS n_pass_claims
+FROM raw
+LEFT JOIN failed ff ON ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+LEFT JOIN own_failed ofl ON ofl.run_id = raw.run_id AND ofl.check_name = raw.check_name
+LEFT JOIN fail_evidence fe ON fe.run_id = raw.run_id AND fe.check_name = raw.check_name
+LEFT JOIN pass_evidence pe ON pe.run_id = raw.run_id AND pe.check_name = raw.check_name
+LEFT JOIN evidence_claims fc ON fc.run_id = raw.run_id AND fc.check_name = raw.check_name
+                            AND fc.failing_side
+LEFT JOIN evidence_claims pc ON pc.run_id = raw.run_id AND pc.check_name = raw.check_name
+                            AND NOT pc.failing_side;
+
+CREATE OR REPLACE TABLE conformance AS
+WITH unrebuilt AS (
     -- deferrals and refusals whose feasibility the trace cannot rebuild (no prompt size, no
     -- allocation: the need is unknown); the checks that judge them are unknown, never a
     -- verdict taken from the runtime's figures -- self-contained block
-    SELECT run_id, list(seq ORDER BY seq) AS seqs
+    SELECT run_id, count(*) AS n, list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
     FROM feasibility
     WHERE event IN ({event.request_deferred}, {event.request_refused}) AND feasible IS NULL
     GROUP BY run_id
@@ -230,332 +604,30 @@ WITH fk AS (
           UNION ALL
           SELECT run_id, max(seq) FROM losses GROUP BY run_id)
     GROUP BY run_id
-), raw AS (
-    -- Each check: exercised (its situation occurred), extra failing seqs beyond findings,
-    -- the seqs that show what was exercised, and a detail line for a pass.
-    -- L1: no accepted claim -> no harm -------------------------------------------------------
-    SELECT r.run_id, {check.L1} AS check_name,
-           u.n IS NOT NULL
-           OR EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                      AND e.event = {event.claim_harmed}) AS exercised,
-           u.harm_seqs AS fail_seqs,
-           -- the 10 smallest seqs, ascending
-           u.first_seqs AS pass_seqs,
-           format('{} loss(es) without an accepted claim, none labelled harm', coalesce(u.n, 0))
-               AS pass_detail,
-           NULL::BIGINT[] AS pass_claim_seqs
-    FROM kv_runs r
-    LEFT JOIN uncovered u ON u.run_id = r.run_id
-    UNION ALL
-    -- L2: write no-admit serves the active request, yet residents are still evicted ----------
-    SELECT r.run_id, {check.L2},
-           EXISTS (SELECT 1 FROM denied d WHERE d.run_id = r.run_id AND d.served
-                     AND len(coalesce(d.lost, [])) > 0),
-           (SELECT nullif(flatten(list(
-                       CASE WHEN d.not_served
-                            THEN [v FOR v IN [d.reuse_denied_seq, d.refused_seq, d.finished_seq]
-                                  IF v IS NOT NULL]
-                            ELSE []::BIGINT[] END || coalesce(d.cached_after, []::BIGINT[]))),
-                   []::BIGINT[])
-            FROM denied d WHERE d.run_id = r.run_id),
-           (SELECT flatten(list([d.reuse_denied_seq, d.finished_seq, d.lost[1]]))
-            FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0),
-           (SELECT format('{} write-no-admit request(s) served while {} resident block(s) were '
-                          'evicted', count(*), sum(len(d.lost)))
-            FROM denied d WHERE d.run_id = r.run_id AND d.served AND len(coalesce(d.lost, [])) > 0),
-           NULL
-    FROM kv_runs r
-    UNION ALL
-    -- L3: an accepted hard claim turns infeasibility into a refusal naming it; no block lost --
-    SELECT r.run_id, {check.L3},
-           r.enforcing AND EXISTS (SELECT 1 FROM hard_conflicts h WHERE h.run_id = r.run_id),
-           CASE WHEN r.enforcing THEN nullif(
-               coalesce((SELECT list(x.first_harm_seq) FROM claims x WHERE x.run_id = r.run_id
-                           AND x.protection_mode = {mode.hard_protected} AND x.outcome = {claim_outcome.harmed}),
-                        []::BIGINT[])
-               || coalesce((SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
-                            WHERE f.run_id = r.run_id AND NOT f.feasible
-                              AND f.event IN ({event.request_deferred}, {event.request_refused})
-                              AND NOT EXISTS (
-                                  SELECT 1 FROM kv_claim_refs x JOIN c
-                                    ON c.run_id = x.run_id AND c.claim_seq = x.claim_seq
-                                  WHERE x.run_id = f.run_id AND x.seq = f.seq
-                                    AND c.protection_mode = {mode.hard_protected})),
-                           []::BIGINT[]), []::BIGINT[]) END,
-           (SELECT list(DISTINCT h.seq ORDER BY h.seq) FROM hard_conflicts h
-            WHERE h.run_id = r.run_id),
-           (SELECT format('{} infeasible decision(s) facing a hard claim: {} refusal(s), '
-                          '{} deferral(s) naming it; {} hard-claim block(s) lost',
-                          count(DISTINCT h.seq),
-                          count(DISTINCT h.seq) FILTER (WHERE h.event = {event.request_refused}),
-                          count(DISTINCT h.seq) FILTER (WHERE h.event = {event.request_deferred}),
-                          (SELECT coalesce(sum(x.blocks_lost_harm + x.blocks_lost_eviction), 0)
-                           FROM claims x WHERE x.run_id = r.run_id
-                             AND x.protection_mode = {mode.hard_protected}))
-            FROM hard_conflicts h WHERE h.run_id = r.run_id),
-           (SELECT list(DISTINCT h.claim_seq) FROM hard_conflicts h WHERE h.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    -- L4 / L5: a demotion (expiry) strictly precedes every later loss of that instance --------
-    SELECT r.run_id, t.check_name,
-           EXISTS (SELECT 1 FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-                     AND x.n_later > 0),
-           nullif(coalesce((SELECT flatten(list(coalesce(x.harm_seqs, []::BIGINT[])
-                                               || CASE WHEN t.ev = {event.claim_expired}
-                                                        AND x.ttl_s IS NOT NULL
-                                                        AND x.expired_ts_ns < x.accepted_ts_ns
-                                                            + CAST(x.ttl_s * 1e9 AS BIGINT)
-                                                       THEN [x.release_seq]
-                                                       ELSE []::BIGINT[] END
-                                         ORDER BY x.claim_seq))
-                            FROM released x WHERE x.run_id = r.run_id
-                              AND x.release_event = t.ev), []::BIGINT[]), []::BIGINT[]),
-           -- NOTE: ordered by instance: `released` is an aggregate, its row order is arbitrary
-           (SELECT flatten(list([x.release_seq, x.first_later_seq] ORDER BY x.claim_seq))
-            FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-              AND x.n_later > 0),
-           (SELECT format('{} {} claim instance(s) later lost {} block(s): {} labelled {}, {} '
-                          'otherwise, none harm', count(*), t.ev,
-                          sum(x.n_later),
-                          sum(CASE WHEN t.ev = {event.claim_expired} THEN x.n_expiry
-                                   ELSE x.n_relaxation END), t.label, sum(x.n_other))
-            FROM released x WHERE x.run_id = r.run_id AND x.release_event = t.ev
-              AND x.n_later > 0),
-           (SELECT list(x.claim_seq ORDER BY x.claim_seq) FROM released x
-            WHERE x.run_id = r.run_id AND x.release_event = t.ev AND x.n_later > 0)
-    FROM kv_runs r,
-         (VALUES ({check.L4}, {event.claim_demoted}, {label.relaxation}),
-                 ({check.L5}, {event.claim_expired}, {label.expiry})) t(check_name, ev, label)
-    UNION ALL
-    -- L6: surviving block count is not the predicate ----------------------------------------
-    SELECT r.run_id, {check.L6},
-           EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                     AND e.event = {event.claim_materialized})
-           OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                        AND x.accepted_seq IS NOT NULL AND x.materialized_seq IS NULL),
-           (SELECT nullif(list(x.reported_harm_seq), []::BIGINT[]) FROM claims x
-            WHERE x.run_id = r.run_id
-              AND x.materialized_seq IS NULL AND x.reported_harm_seq IS NOT NULL),
-           (SELECT flatten(list([v FOR v IN [x.accepted_seq, x.materialized_seq,
-                                             x.reported_materialized_seq] IF v IS NOT NULL]))
-            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL),
-           (SELECT format('{} accepted claim instance(s): {} materialized (all leading '
-                          'positions resident), {} never', count(*), count(x.materialized_seq),
-                          count(*) - count(x.materialized_seq))
-            FROM claims x WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL),
-           (SELECT list(x.claim_seq) FROM claims x
-            WHERE x.run_id = r.run_id AND x.accepted_seq IS NOT NULL)
-    FROM kv_runs r
-    UNION ALL
-    -- L7: the outcome reconstructed from the trace equals what the runtime reported ----------
-    SELECT r.run_id, {check.L7},
-           EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
-                     AND e.event IN ({event.claim_harmed}, {event.claim_materialized}, {event.request_refused}))
-           OR EXISTS (SELECT 1 FROM claims x WHERE x.run_id = r.run_id
-                        AND x.outcome = {claim_outcome.harmed})
-           OR ch.n IS NOT NULL,
-           NULL,
-           coalesce((SELECT flatten(list([v FOR v IN [x.first_harm_seq, x.reported_harm_seq,
-                                                      x.materialized_seq,
-                                                      x.reported_materialized_seq]
-                                          IF v IS NOT NULL]))
-                     FROM claims x WHERE x.run_id = r.run_id), []::BIGINT[])
-           || coalesce(ch.seqs, []::BIGINT[]),
-           format('every runtime report (claim_harmed, claim_materialized, refusals) agrees with '
-                  'the reconstruction, in order; {} request(s): vLLM''s num_cached_tokens equals '
-                  'the prefix hit in the trace', coalesce(ch.n, 0)),
-           (SELECT list(x.claim_seq) FROM claims x WHERE x.run_id = r.run_id
-              AND (x.reported_harm_seq IS NOT NULL OR x.reported_materialized_seq IS NOT NULL
-                   OR x.outcome = {claim_outcome.harmed}))
-    FROM kv_runs r LEFT JOIN cached ch ON ch.run_id = r.run_id
-    UNION ALL
-    -- invariants ------------------------------------------------------------------------------
-    SELECT r.run_id, {check.INV_no_harm_without_acceptance},
-           EXISTS (SELECT 1 FROM kv_claim_refs e WHERE e.run_id = r.run_id
-                     AND e.event = {event.claim_harmed})
-           OR EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
-                        AND x.label = {label.harm}),
-           NULL,
-           (SELECT list(x.seq ORDER BY x.seq) FROM kv_claim_refs x
-            WHERE x.run_id = r.run_id AND x.event = {event.claim_harmed}),
-           'every harm (reported or reconstructed) follows its claim''s acceptance',
-           (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
-            WHERE x.run_id = r.run_id AND x.event = {event.claim_harmed})
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.INV_release_precedes_loss},
-           -- a loss of a released instance's content (before or after its release)
-           EXISTS (SELECT 1 FROM loss_claims x WHERE x.run_id = r.run_id
-                     AND x.release_seq IS NOT NULL),
-           NULL,
-           (SELECT list(c.release_seq ORDER BY c.release_seq) FROM c
-            WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL),
-           'every relaxation/expiry loss is strictly after its release; no harm before it',
-           (SELECT list(c.claim_seq) FROM c
-            WHERE c.run_id = r.run_id AND c.release_seq IS NOT NULL)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.INV_refusal_names_protected_claim},
-           EXISTS (SELECT 1 FROM kv_stage_events e WHERE e.run_id = r.run_id
-                     AND e.event = {event.request_refused}),
-           NULL,
-           (SELECT list(e.seq ORDER BY e.seq) FROM kv_stage_events e
-            WHERE e.run_id = r.run_id AND e.event = {event.request_refused}),
-           'every refusal names in-force, materialized, protected claims',
-           (SELECT list(DISTINCT x.claim_seq) FROM kv_claim_refs x
-            WHERE x.run_id = r.run_id AND x.event = {event.request_refused})
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.INV_no_protected_loss},
-           r.enforcing AND pl.run_id IS NOT NULL,
-           NULL,
-           (SELECT list(c.accepted_seq ORDER BY c.accepted_seq) FROM c
-            WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL),
-           format('{} block loss(es) while a pinning claim was in force; none of its blocks',
-                  pl.n),
-           (SELECT list(c.claim_seq) FROM c
-            WHERE c.run_id = r.run_id AND c.pinned_mode AND c.accepted_seq IS NOT NULL)
-    FROM kv_runs r LEFT JOIN pinned_losses pl ON pl.run_id = r.run_id
-    UNION ALL
-    SELECT r.run_id, {check.INV_feasible_admission},
-           r.enforcing AND EXISTS (SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                                     AND f.event = {event.request_admitted}
-                                     AND f.protected_blocks > 0),
-           NULL,
-           (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f
-            WHERE f.run_id = r.run_id AND f.event = {event.request_admitted}
-              AND f.protected_blocks > 0),
-           'protected + active live <= usable (rebuilt from the trace) at every admission '
-           'under an enforcing policy while claims protected blocks',
-           NULL
-    FROM kv_runs r
-    UNION ALL
-    -- feasibility, chunking and lowering litmus (issue 24 items 3-5) -- self-contained block
-    SELECT r.run_id, {check.L_feasibility},
-           r.enforcing AND EXISTS (
-               SELECT 1 FROM feasibility f WHERE f.run_id = r.run_id
-                 AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
-                 AND f.protected_blocks > 0 AND f.live_blocks > 0),
-           NULL,
-           (SELECT list(f.seq ORDER BY f.seq) FROM feasibility f WHERE f.run_id = r.run_id
-              AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
-              AND f.protected_blocks > 0 AND f.live_blocks > 0),
-           (SELECT format('{} decision(s) with protected and live KV: every one judged on '
-                          'protected + active live <= usable, rebuilt, and the runtime''s '
-                          'figures agree', count(*))
-            FROM feasibility f WHERE f.run_id = r.run_id
-              AND f.event IN ({event.request_admitted}, {event.request_deferred}, {event.request_refused})
-              AND f.protected_blocks > 0 AND f.live_blocks > 0),
-           (SELECT list(DISTINCT u.cs) FROM feasibility f, unnest(f.protected_claim_seqs) u(cs)
-            WHERE f.run_id = r.run_id AND f.protected_blocks > 0 AND f.live_blocks > 0)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.L_chunking},
-           EXISTS (SELECT 1 FROM chunked_adm x WHERE x.run_id = r.run_id),
-           NULL,
-           (SELECT list(x.seq ORDER BY x.seq) FROM chunked_adm x WHERE x.run_id = r.run_id),
-           (SELECT format('{} request(s) allocated over 2 or more scheduler steps: each '
-                          'admission judged on the full prompt less hits ({} block(s) in all)',
-                          count(*), sum(x.required_blocks))
-            FROM chunked_adm x WHERE x.run_id = r.run_id),
-           NULL
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.L_lowering},
-           EXISTS (SELECT 1 FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
-           NULL, []::BIGINT[],
-           (SELECT format('{} mode(s) declared in the manifest, none contradicted by the run''s '
-                          'evidence', count(*))
-            FROM kv_manifest_lowering ml WHERE ml.run_id = r.run_id),
-           NULL
-    FROM kv_runs r
-    UNION ALL
-    -- only the owner or the operator releases (verified releases; findings fail it) ---------
-    SELECT r.run_id, {check.INV_release_by_owner},
-           -- NOTE: a release the format cannot verify (no released_by) does not exercise it
-           EXISTS (SELECT 1 FROM kv_lifecycle_ends x WHERE x.run_id = r.run_id
-                     AND x.event = {event.claim_released} AND x.verified),
-           NULL,
-           (SELECT list(x.seq ORDER BY x.seq) FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = {event.claim_released}),
-           (SELECT format('{} release(s): by the claim''s own tenant or the operator ({} '
-                          'unverified: the format records no released_by)', count(*),
-                          count(*) FILTER (WHERE NOT x.verified))
-            FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = {event.claim_released}),
-           (SELECT list(DISTINCT x.claim_seq) FROM kv_lifecycle_ends x
-            WHERE x.run_id = r.run_id AND x.event = {event.claim_released})
-    FROM kv_runs r
-    -- litmus: soft order, thresholded value, materialization failure (self-contained) -------
-    UNION ALL
-    SELECT r.run_id, {check.LIT_soft_order},
-           r.enforcing AND EXISTS (SELECT 1 FROM lit_soft x WHERE x.run_id = r.run_id),
-           CASE WHEN r.enforcing THEN (SELECT nullif(list(x.seq ORDER BY x.seq)
-                                                     FILTER (WHERE x.label = {label.harm}),
-                                                     []::BIGINT[])
-                                       FROM lit_soft x WHERE x.run_id = r.run_id) END,
-           (SELECT list(x.seq ORDER BY x.seq) FROM lit_soft x WHERE x.run_id = r.run_id),
-           (SELECT format('{} loss(es) of soft_priority claims in force, none while a '
-                          'lower-priority evictable block existed', count(*))
-            FROM lit_soft x WHERE x.run_id = r.run_id),
-           (SELECT list(DISTINCT x.claim_seq) FROM lit_soft x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.LIT_thresholded_value},
-           EXISTS (SELECT 1 FROM lit_value x WHERE x.run_id = r.run_id),
-           (SELECT nullif(list(x.seq ORDER BY x.seq) FILTER (WHERE NOT x.ok), []::BIGINT[])
-            FROM lit_value x WHERE x.run_id = r.run_id),
-           (SELECT list(x.seq ORDER BY x.seq) FROM lit_value x WHERE x.run_id = r.run_id),
-           (SELECT format('{} loss(es): value lost exactly where the leading prefix of the '
-                          'threshold broke ({} with other blocks surviving), kept where it '
-                          'held ({})', count(*), count(*) FILTER (WHERE x.broke),
-                          count(*) FILTER (WHERE NOT x.broke))
-            FROM lit_value x WHERE x.run_id = r.run_id),
-           (SELECT list(DISTINCT x.claim_seq) FROM lit_value x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
-    UNION ALL
-    SELECT r.run_id, {check.LIT_materialization_failure},
-           EXISTS (SELECT 1 FROM lit_unmat x WHERE x.run_id = r.run_id),
-           (SELECT nullif(flatten(list(x.bad_seqs)), []::BIGINT[])
-            FROM lit_unmat x WHERE x.run_id = r.run_id),
-           (SELECT list(x.accepted_seq ORDER BY x.accepted_seq) FROM lit_unmat x
-            WHERE x.run_id = r.run_id),
-           (SELECT format('{} accepted claim(s) never materialized: none harmed, preserved or '
-                          'reported materialized', count(*))
-            FROM lit_unmat x WHERE x.run_id = r.run_id),
-           (SELECT list(x.claim_seq) FROM lit_unmat x WHERE x.run_id = r.run_id)
-    FROM kv_runs r
 ), judged AS (
-    SELECT raw.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
+    SELECT j.*, k.ord, k.title, k.needs, k.needs_engine, k.judges_enforcement, r.evidence,
            r.has_hole,
            r.unknown_from_seq, r.hook_failed_seq, r.hook_failed_hook, r.hook_failed_error,
-           le.seq AS last_enforcement_seq,
-           -- every failing seq: the failing findings' seqs and the check's own
-           list_sort(list_distinct(coalesce(ff.seqs, []::BIGINT[])
-                                   || coalesce(raw.fail_seqs, []::BIGINT[]))) AS all_fail_seqs,
-           ff.claim_seqs AS fail_claim_seqs,
-           ff.kinds AS fail_kinds,
-           ff.run_id IS NOT NULL OR len(coalesce(raw.fail_seqs, []::BIGINT[])) > 0 AS failing
-    FROM raw
-    JOIN kv_checks k ON k."check" = raw.check_name
-    JOIN kv_runs r ON r.run_id = raw.run_id
-    LEFT JOIN last_enforcement le ON le.run_id = raw.run_id
-    LEFT JOIN failed ff ON ff.run_id = raw.run_id AND ff.check_name = raw.check_name
+           le.seq AS last_enforcement_seq
+    FROM kv_check_evidence j
+    JOIN kv_checks k ON k."check" = j.check_name
+    JOIN kv_runs r ON r.run_id = j.run_id
+    LEFT JOIN last_enforcement le ON le.run_id = j.run_id
 ), decided AS (
-    SELECT j.*, ub.seqs AS unrebuilt_seqs,
+    SELECT j.*, ub.seqs AS unrebuilt_seqs, ub.n AS n_unrebuilt_seqs,
            format('hook {} failed at seq {} ({}): enforcement from there on is unknown',
                   coalesce(j.hook_failed_hook, '?'), j.hook_failed_seq,
                   coalesce(j.hook_failed_error, 'unknown error')) AS hook_note,
            CASE
                WHEN j.evidence = {evidence.observed} AND j.needs_engine THEN {evidence.observed}
                WHEN j.failing AND (j.hook_failed_seq IS NULL
-                                   OR list_min(j.all_fail_seqs) < j.hook_failed_seq
+                                   OR j.first_fail_seq < j.hook_failed_seq
                                    -- a failing condition without a seq is not after the hook
-                                   OR len(j.all_fail_seqs) = 0) THEN {verdict.fail}
+                                   OR j.n_fail_seqs = 0) THEN {verdict.fail}
                WHEN j.failing THEN 'fail_after_hook'
                WHEN j.has_hole THEN {severity.hole}
                WHEN j.judges_enforcement AND j.exercised AND j.hook_failed_seq IS NOT NULL
-                    AND (coalesce(list_max(j.pass_seqs), j.hook_failed_seq) >= j.hook_failed_seq
+                    AND (coalesce(j.last_pass_seq, j.hook_failed_seq) >= j.hook_failed_seq
                          OR j.last_enforcement_seq > j.hook_failed_seq)
                    THEN 'after_hook'
                WHEN j.check_name IN ({check.L3}, {check.INV_refusal_names_protected_claim}, {check.L_feasibility})
@@ -565,21 +637,6 @@ WITH fk AS (
            END AS why
     FROM judged j
     LEFT JOIN unrebuilt ub ON ub.run_id = j.run_id
-), evidence_claim_seqs AS (
-    -- the claim instances each verdict's evidence is about, one row each
-    -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
-    SELECT DISTINCT run_id, check_name,
-           unnest(CASE WHEN why IN ({verdict.fail}, 'fail_after_hook') THEN fail_claim_seqs
-                       WHEN why IN ({verdict.pass}, {severity.hole}, 'after_hook') THEN pass_claim_seqs
-                  END) AS claim_seq
-    FROM decided
-), evidence_claims AS (
-    SELECT e.run_id, e.check_name,
-           list({'claim_id': f.claim_id, 'claim_seq': f.claim_seq} ORDER BY f.claim_seq)
-               AS claims
-    FROM evidence_claim_seqs e
-    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
-    GROUP BY e.run_id, e.check_name
 )
 SELECT
     d.run_id, d.check_name AS "check", d.title,
@@ -588,18 +645,26 @@ SELECT
                WHEN 'after_hook' THEN {verdict.unknown} WHEN 'unrebuilt' THEN {verdict.unknown}
                WHEN {verdict.not_exercised} THEN {verdict.not_exercised}
                ELSE {verdict.pass} END AS verdict,
-    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN d.all_fail_seqs
+    -- the smallest /*@EVIDENCE_MAX@*/ evidence seqs, ascending (reconstruct/checks.py EVIDENCE_MAX)
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN coalesce(d.fail_seqs, []::BIGINT[])
          WHEN d.why = 'after_hook' THEN [d.hook_failed_seq]
          WHEN d.why = 'unrebuilt' THEN d.unrebuilt_seqs
          WHEN d.why IN ({evidence.observed}, {verdict.not_exercised}) THEN []::BIGINT[]
          ELSE coalesce(d.pass_seqs, []::BIGINT[])
     END AS evidence_seqs,
+    -- how many evidence seqs there are in all (evidence_seqs holds the smallest of them)
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN d.n_fail_seqs
+         WHEN d.why = 'after_hook' THEN 1
+         WHEN d.why = 'unrebuilt' THEN d.n_unrebuilt_seqs
+         WHEN d.why IN ({evidence.observed}, {verdict.not_exercised}) THEN 0
+         ELSE d.n_pass_seqs
+    END AS evidence_seq_count,
     CASE d.why
         WHEN {evidence.observed} THEN 'not exercised: an observed run (stock-vLLM listener) holds no '
                              'in-engine requests, admissions or arbiter decisions; this check '
                              'needs ' || d.needs
         WHEN {verdict.fail} THEN coalesce('failing findings: ' || d.fail_kinds
-                                  || CASE WHEN len(coalesce(d.fail_seqs, [])) > 0
+                                  || CASE WHEN d.own_failing
                                           THEN '; and the trace contradicts the rule '
                                                || '(see evidence seqs)' ELSE '' END,
                                   'the trace contradicts the rule (see evidence seqs)')
@@ -620,10 +685,16 @@ SELECT
                      THEN ' (' || d.hook_note || '; all evidence precedes it)' ELSE '' END
     END AS detail,
     d.needs,
-    -- the claim instances the evidence is about: (claim_id, claim_seq), by claim_seq
-    coalesce(ec.claims, []) AS evidence_claims
+    -- the claim instances the evidence is about: (claim_id, claim_seq), the smallest
+    -- /*@EVIDENCE_MAX@*/ by claim_seq (for a fail those its failing findings name, for a pass
+    -- or an unknown those the check judged), and how many in all
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN coalesce(d.fail_claims, [])
+         WHEN d.why IN ({verdict.pass}, {severity.hole}, 'after_hook') THEN coalesce(d.pass_claims, [])
+         ELSE [] END AS evidence_claims,
+    CASE WHEN d.why IN ({verdict.fail}, 'fail_after_hook') THEN d.n_fail_claims
+         WHEN d.why IN ({verdict.pass}, {severity.hole}, 'after_hook') THEN d.n_pass_claims
+         ELSE 0 END AS evidence_claim_count
 FROM decided d
-LEFT JOIN evidence_claims ec ON ec.run_id = d.run_id AND ec.check_name = d.check_name
 ORDER BY d.run_id, d.ord;
 
 -- NOTE: the `lowering` table (one row per run and mode) is built by 07_findings.sql, before
