@@ -1,15 +1,22 @@
 """Bounded memory: a trace whose reconstruction needs more memory than DuckDB's memory_limit is
 reconstructed out of core (spilling to temp_directory), in many small windows of the labelling
 pass (state carried across them), and gives exactly the tables of an unconstrained in-memory
-reconstruction."""
+reconstruction. A dense trace is reconstructed under a hard cap in a child process: the
+conformance evidence is bounded (docs/conformance.md), so the cap holds where a list of every
+evidence seq did not fit."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from kvclaims.audit import open_audit
+from kvclaims.contract.vocabulary import TABLE_NAMES
 from kvclaims.reconstruct import core, labels, loader
 from kvclaims.sources import synthetic
 
@@ -50,3 +57,74 @@ def test_small_memory_limit_and_windows_equal_in_memory(run_dir: Path, tmp_path:
     assert small.con.sql("SELECT count(*) FROM losses WHERE synthetic").fetchall()[0][0] > 0
     for name in (*core.TABLE_NAMES, "conformance"):
         assert _rows(small, name) == _rows(ref, name), name
+
+
+# -- a hard cap, in a child process ---------------------------------------------------------------
+
+#: The child: reconstruct RUN_DIR under MEMORY_LIMIT ("-": DuckDB's default) with one thread,
+#: write every table to OUT/<table>.parquet, print its own peak RSS (bytes) as JSON.
+#: NOTE: the peak is the child's VmHWM (its own address space's high-water mark): getrusage's
+#: ru_maxrss survives fork and exec on Linux, so a child starts at the test process's peak, and
+#: RUSAGE_CHILDREN is the largest child ever reaped (a vLLM engine of an earlier test).
+CHILD = """
+import json, re, sys
+from pathlib import Path
+from kvclaims.audit import open_audit
+from kvclaims.contract.vocabulary import TABLE_NAMES
+from kvclaims.reconstruct import labels
+
+labels.WINDOW_ROWS = 50_000
+run_dir, out, limit = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+audit = open_audit([run_dir], memory_limit=None if limit == "-" else limit,
+                   temp_directory=out / "spill", threads=1, reuse=False, lock=False, views=False)
+for name in TABLE_NAMES:
+    audit.con.execute(f"COPY {name} TO '{out / name}.parquet' (FORMAT parquet)")
+hwm = re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())
+print(json.dumps({"peak_rss": int(hwm.group(1)) * 1024}))
+"""
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 1 M dense events (every other request claims its whole prompt, every lifecycle
+    end): ~200 k conformance evidence seqs, which as lists did not fit in MEMORY_LIMIT."""
+    out = tmp_path_factory.mktemp("dense") / "run"
+    synthetic.write_trace(out, 1_000_000, run_id="dense", progress=False,
+                          shape=synthetic.SHAPES["dense"])
+    return out
+
+
+def _child(run_dir: Path, out: Path, limit: str) -> subprocess.CompletedProcess[str]:
+    out.mkdir()
+    return subprocess.run([sys.executable, "-c", CHILD, str(run_dir), str(out), limit],
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def _peak_rss(child: subprocess.CompletedProcess[str]) -> int:
+    return json.loads(child.stdout.splitlines()[-1])["peak_rss"]
+
+
+def _table(out: Path, name: str) -> list[tuple]:
+    return duckdb.sql(f"SELECT * FROM '{out / name}.parquet' ORDER BY ALL").fetchall()
+
+
+def test_dense_trace_under_a_hard_cap_gives_the_unconstrained_tables(dense_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    small = _child(dense_dir, tmp_path / "small", MEMORY_LIMIT)
+    assert small.returncode == 0, small.stderr[-3000:]
+    ref = _child(dense_dir, tmp_path / "ref", "-")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    # the cap bounds the process: below the peak of the same reconstruction without it
+    assert _peak_rss(small) < _peak_rss(ref)
+    (largest,), = duckdb.sql("SELECT max(evidence_seq_count) FROM "
+                             f"'{tmp_path / 'small'}/conformance.parquet'").fetchall()
+    assert largest > 50_000, "the trace must hold a large evidence list"
+    for name in TABLE_NAMES:
+        assert _table(tmp_path / "small", name) == _table(tmp_path / "ref", name), name
+
+
+def test_a_cap_too_small_for_the_trace_is_an_error_not_an_overrun(dense_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    child = _child(dense_dir, tmp_path / "tiny", "16MB")
+    assert child.returncode != 0
+    assert "cannot reconstruct: Out of Memory Error" in child.stderr
