@@ -18,8 +18,8 @@ NOTE: invariants
   hook's list of keys is passed only when one of them is watched (a C-level ``any`` that stops
   at the first; it ignores every unwatched key anyway);
 - every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
-  (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
-  ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
+  (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, ``free``, the
+  index's ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
   function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
   proxy object on every call.
 """
@@ -333,6 +333,7 @@ class RecordingKVCacheManager:
     kvc_pool: RecordingBlockPool
     kvc_admission_states: frozenset
     kvc_base_allocate_slots: Any  # vLLM's method (a class attribute set by ``install``)
+    kvc_base_free: Any
 
     def allocate_slots(self, request: Any, num_new_tokens: int, *args: Any,
                        **kwargs: Any) -> Any:
@@ -391,7 +392,7 @@ class RecordingKVCacheManager:
         previous = pool.kvc_request_id
         pool.kvc_request_id = request.request_id
         try:
-            super().free(request)  # type: ignore[misc]
+            self.kvc_base_free(request)
         finally:
             pool.kvc_request_id = previous
 
