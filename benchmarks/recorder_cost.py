@@ -5,7 +5,7 @@ under a minute). The event mix imitates a prefix-caching workload: each request 
 blocks, caches them (hash, parent hash, position), later ones hit a shared prefix, blocks are
 freed, and some are evicted; a second figure emits the same mix as one ``emit_many`` entry
 per hook call; a third stages it as the engine's hooks do (``EventBuffer.stage``: one flat
-tuple per hook call, no lock, one locked move per scheduler step of 32 hook calls), with the
+tuple per hook call, no lock, one ``advance_step`` per scheduler step of 32 hook calls), with the
 writer thread's rate for those staged entries.
 
 The cost where it matters — the scheduler's own CPU time inside the real vLLM engine, plain vs
@@ -177,7 +177,7 @@ def as_staged(calls: list[tuple[str, int, dict]]) -> list[tuple[str, int, tuple,
 def hot_path_staged(events: list[tuple[str, dict]], run: Path, chunk: int = 50_000,
                     step_every: int = 32) -> tuple[float, float]:
     """Median ``stage`` cost per recorded event (the hook's flat tuple built from prepared
-    columns, plus one ``advance_step`` move per ``step_every`` hook calls), and the writer's
+    columns, plus one ``advance_step`` per ``step_every`` hook calls), and the writer's
     convert + write rate for the staged entries (events/s of ``flush()``)."""
     staged = as_staged(as_hook_calls(events))
     buf = EventBuffer(RunWriter(run, {"run_id": "bench-staged"}), "bench-staged",

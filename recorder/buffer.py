@@ -12,16 +12,16 @@ waiting), expands, validates and converts the pending events column-wise into
 The engine's own hot path stages instead of emitting: ``EventBuffer.stage`` is a bare
 ``list.append`` of one flat tuple per hook call (``(event, 1, ts_ns, fields)`` for one event;
 ``(event, n, ts_ns, layout, *values)`` for ``n`` events, see ``stage``), with no lock, no seq
-and no Python frame of the buffer's own. Staged entries are moved into the pending lists as ONE
-entry (a ``_Staged`` group taking consecutive seqs for all its events) under the lock at the next
-``advance_step()``, ``emit``/``emit_many`` call or writer-thread drain, whichever comes first, so
-a scheduler step costs one locked append however many hooks it ran; the writer thread expands
-the group back into entries.
+and no Python frame of the buffer's own. Staged entries are moved into the pending lists, one
+``_Staged`` group per scheduler step (taking consecutive seqs for all its events), under the lock
+at the next ``emit``/``emit_many`` call or writer-thread drain, or once ``_MOVE_EVERY`` entries
+are staged, whichever comes first; the writer thread expands each group back into entries.
 
-The engine's scheduler step: ``advance_step()`` (called once per ``schedule()``) records a mark
-``(first seq of the step, step)``; the writer thread fills the ``step`` column of every event
-from those marks (a vectorised search by ``seq``), so stamping the step costs the hot path
-nothing. A buffer built with ``step=None`` writes null steps (importers).
+The engine's scheduler step: ``advance_step()`` (called once per ``schedule()``) stages a step
+mark (a constant: no lock, no seq); the move turns each into a mark ``(first seq of the step,
+step)`` and the writer thread fills the ``step`` column of every event from those marks (a
+vectorised search by ``seq``), so stamping the step costs the hot path one ``list.append``. A
+buffer built with ``step=None`` writes null steps (importers).
 
 Block hashes: a ``bytes`` value in ``block_hash`` is vLLM's ``BlockHashWithGroupId`` (the digest
 then a 4-byte group id) and in ``parent_hash`` a plain ``BlockHash``; the writer thread turns
@@ -37,7 +37,8 @@ NOTE: invariants
   ``run_finished`` is the last event (emitted by ``close()``);
 - memory is bounded: at most ``capacity`` pending entries (an entry is one event, or the
   events of one ``emit_many`` call, at most one per block of the pool, or one staged group,
-  at most one scheduler step's hooks) are waiting (pending or being converted); past
+  at most one scheduler step's hooks) are waiting (pending or being converted), and at most
+  ``_MOVE_EVERY`` entries staged after a step mark; past
   that, events are dropped and counted, and the next accepted event is preceded by a
   ``recorder_gap`` (reason ``buffer_full``) covering the dropped span;
 - ``emit`` never raises into the caller and never blocks on I/O; every internal failure is
@@ -134,6 +135,24 @@ class _Staged(int):
 
 
 _STAGED_N = itemgetter(1)
+
+
+class _StepMark:
+    """The type of ``_STEP_MARK``: compares equal to nothing but itself (``list.index`` finds
+    it by identity)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<step mark>"
+
+
+# NOTE: staged by ``advance_step`` (one shared constant: nothing built per step); steps are
+# consecutive, so the mark needs no number: the move counts them
+_STEP_MARK: Final = _StepMark()
+# staged entries after which ``advance_step`` moves them itself (bounds the staged list when
+# nothing else moves it, e.g. a writer thread stalled in a slow write)
+_MOVE_EVERY: Final[int] = 4096
 _MALFORMED: Final[str] = "malformed_staged_entry"  # no event has it: the entry is gapped
 
 
@@ -406,6 +425,7 @@ class EventBuffer:
         # (first seq of a step, step), ascending; pruned as the writer moves past them
         self._marks: list[tuple[int, int]] = [] if step is None else [(0, int(step))]
         self._step = step
+        self._marked_step = step  # the step of the last mark moved into ``_marks``
         self._errors = 0
         self._error_samples: list[str] = []
         self._pid = os.getpid()
@@ -539,7 +559,7 @@ class EventBuffer:
         for ``n`` events (``layout`` from ``layout()``: the scalar values in its order, then
         each column's ``n`` values in its order, all flattened into the one tuple);
         ``ts_ns`` is ``time.monotonic_ns()`` at the call; ``n >= 1``. The entry takes its seqs, in staging order, when the staged
-        entries are moved (next ``advance_step``, ``emit``/``emit_many`` or drain); it is
+        entries are moved (next ``emit``/``emit_many``, drain, or ``_MOVE_EVERY`` entries); it is
         validated on the writer thread like any other.
 
         NOTE: the instance attribute is the staged list's own bound ``append`` (a C call: the
@@ -566,16 +586,37 @@ class EventBuffer:
         return emit_staged
 
     def _move_staged(self) -> None:
-        """Move every staged entry into the pending lists as one group entry; caller holds
+        """Move every staged entry into the pending lists, one group entry per step; caller holds
         _lock.
 
-        NOTE: the group goes through the same checks as one ``emit_many`` (closed, full, a gap
-        to write first); it takes consecutive seqs for all its events, in staging order.
+        NOTE: each step's entries go through the same checks as one ``emit_many`` (closed, full,
+        a gap to write first) and take consecutive seqs, in staging order; each staged step mark
+        becomes a mark ``(next seq, step)``, exactly where ``advance_step`` staged it.
         """
         staged = self._staged
         k = len(staged)
         group = staged[:k]
         del staged[:k]
+        if not group:
+            return
+        start = 0
+        while True:
+            try:
+                end = group.index(_STEP_MARK, start)
+            except ValueError:  # NOTE: the usual end: no (further) step mark
+                self._move_group(group if start == 0 else group[start:])
+                return
+            if end > start:
+                self._move_group(group[start:end])
+            step = 0 if self._marked_step is None else self._marked_step + 1
+            self._marked_step = step
+            self._marks.append((self._state.next_seq, step))
+            start = end + 1
+            if start == k:
+                return
+
+    def _move_group(self, group: list[Any]) -> None:
+        """Move one step's staged entries as one group entry; caller holds _lock."""
         if not group:
             return
         # NOTE: the C-level sum is the count ``_unstage`` will use whenever every entry's
@@ -605,15 +646,19 @@ class EventBuffer:
     def advance_step(self) -> int:
         """Start the engine's next scheduler step: every later event carries it. Returns it.
 
-        NOTE: one mark per step, no event: the writer fills the ``step`` column from the marks.
+        NOTE: one staged step mark per step, no event, no lock (the engine thread is the only
+        caller): the move turns it into the mark the writer fills the ``step`` column from. The
+        staged entries are moved here only when ``_MOVE_EVERY`` of them wait, or once the buffer
+        is closed (so entries staged after ``close()`` are counted as ignored).
         """
-        with self._lock:
-            if self._staged:
+        step = 0 if self._step is None else self._step + 1
+        self._step = step
+        staged = self._staged
+        staged.append(_STEP_MARK)
+        if len(staged) >= _MOVE_EVERY or self._state.closed:
+            with self._lock:
                 self._move_staged()
-            step = 0 if self._step is None else self._step + 1
-            self._step = step
-            self._marks.append((self._state.next_seq, step))
-            return step
+        return step
 
     @property
     def step(self) -> int | None:

@@ -10,7 +10,7 @@ NOTE: invariants
   exception in the engine;
 - one hook call stages one entry per event kind (``EventBuffer.stage``: the whole allocation,
   free list, cache step or hit list as columns), never one entry per block, and takes no lock
-  (a step's entries take their seqs in one locked move); block hashes travel as vLLM's raw
+  (the staged entries take their seqs in a later locked move, off the step path); block hashes travel as vLLM's raw
   ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
 - per-block work in a hook is C-level passes (``map`` with ``attrgetter``, slices,
   ``list.count`` / ``in``), never a Python loop or a Python call per block, in the usual case;
@@ -18,8 +18,8 @@ NOTE: invariants
   hook's list of keys is passed only when one of them is watched (a C-level ``any`` that stops
   at the first; it ignores every unwatched key anyway);
 - every attribute added to vLLM's objects is named ``kvc_*``; the hottest hooks
-  (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, the index's
-  ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
+  (``get_new_blocks``, ``cache_full_blocks``, ``free_blocks``, ``allocate_slots``, ``free``, the
+  index's ``pop``) call vLLM's own method through a ``kvc_base_*`` class attribute (the base class's
   function, set by ``install`` / ``kvc_watch_index``) rather than ``super()``, which builds a
   proxy object on every call.
 """
@@ -160,7 +160,16 @@ class RecordingBlockPool:
         try:
             request_id = self.kvc_request_id
             if lost_ids:
-                self.kvc_report_lost(lost_ids, lost_keys, "allocation", request_id)
+                # NOTE: ``kvc_report_lost`` inlined (one frame less per evicting allocation);
+                # the same entry and arbiter call
+                self.kvc_stage(("block_evicted", len(lost_ids), _now(), _EVICTED, "allocation",
+                                request_id, *lost_ids, *lost_keys))
+                watched = arbiter.watched
+                if watched and any(map(watched.__contains__, lost_keys)):
+                    try:
+                        arbiter.on_lost_many(lost_ids, lost_keys)
+                    except Exception as exc:  # noqa: BLE001
+                        self.kvc_sched.kvc_failed("on_lost_many", exc)
             if blocks:
                 self.kvc_stage(("block_allocated", len(blocks), _now(), _ALLOCATED,
                                 request_id, *map(_BLOCK_ID, blocks)))
@@ -240,50 +249,46 @@ class RecordingBlockPool:
                                             block_size, kv_cache_group_id, block_mask)
         finally:
             index.kvc_sink = None
+        # NOTE: the recording is inline (one frame less per cache step): one ``block_cached``
+        # entry for the blocks of ``new`` that gained a hash
         try:
-            self.kvc_record_cached(request, new, before, num_cached_blocks)
+            hashes = request.block_hashes
+            n = len(new)
+            first = num_cached_blocks
+            last = first + n
+            keys = list(map(self.kvc_hash, new))
+            ids = tuple(map(_BLOCK_ID, new))
+            if before.count(None) == n and all(keys) and self.kvc_null_id not in ids \
+                    and len(hashes) >= last:
+                # NOTE: the usual case (every new full block cached): whole-list slices, no
+                # per-block Python. ``all(keys)``: no key is None (a hash is never empty bytes;
+                # an empty one takes the exact path below), a truth test per key instead of an
+                # equality test against None
+                kept = new
+                positions: Sequence[int] = range(first, last)
+                parents = ((hashes[first - 1] if first > 0 else None), *hashes[first:last - 1])
+            else:
+                null = self.kvc_null_id
+                idx = [i for i in range(n) if keys[i] is not None and keys[i] != before[i]
+                       and ids[i] != null]
+                if not idx:
+                    return
+                kept = [new[i] for i in idx]
+                keys = [keys[i] for i in idx]
+                ids = tuple([ids[i] for i in idx])
+                positions = tuple([first + i for i in idx])
+                parents = tuple([hashes[p - 1] if 0 < p <= len(hashes) else None
+                                 for p in positions])
+            self.kvc_stage(("block_cached", len(ids), _now(), _CACHED, request.request_id,
+                            *ids, *keys, *parents, *positions))
+            watched = self.kvc_arbiter.watched
+            if watched and any(map(watched.__contains__, keys)):
+                try:
+                    self.kvc_arbiter.on_resident_many(kept, keys)
+                except Exception as exc:  # noqa: BLE001
+                    self.kvc_sched.kvc_failed("on_resident_many", exc)
         except Exception as exc:  # noqa: BLE001
             self.kvc_sched.kvc_failed("cache_full_blocks", exc)
-
-    def kvc_record_cached(self, request: Any, new: list, before: list,
-                          first_position: int) -> None:
-        """One ``block_cached`` entry for the blocks of ``new`` that gained a hash."""
-        hashes = request.block_hashes
-        n = len(new)
-        last = first_position + n
-        keys = list(map(self.kvc_hash, new))
-        ids = tuple(map(_BLOCK_ID, new))
-        if before.count(None) == n and all(keys) and self.kvc_null_id not in ids \
-                and len(hashes) >= last:
-            # NOTE: the usual case (every new full block cached): whole-list slices, no
-            # per-block Python. ``all(keys)``: no key is None (a hash is never empty bytes;
-            # an empty one takes the exact path below), a truth test per key instead of an
-            # equality test against None
-            kept = new
-            positions: Sequence[int] = range(first_position, last)
-            parents = ((hashes[first_position - 1] if first_position > 0 else None),
-                       *hashes[first_position:last - 1])
-        else:
-            null = self.kvc_null_id
-            idx = [i for i in range(n) if keys[i] is not None and keys[i] != before[i]
-                   and ids[i] != null]
-            if not idx:
-                return
-            kept = [new[i] for i in idx]
-            keys = [keys[i] for i in idx]
-            ids = tuple([ids[i] for i in idx])
-            positions = tuple([first_position + i for i in idx])
-            parents = tuple([hashes[p - 1] if 0 < p <= len(hashes) else None
-                             for p in positions])
-        self.kvc_stage(("block_cached", len(ids), _now(), _CACHED, request.request_id,
-                        *ids, *keys, *parents, *positions))
-        watched = self.kvc_arbiter.watched
-        if watched and any(map(watched.__contains__, keys)):
-            # NOTE: kvc_safely inlined (one frame less per cache step); the same failure report
-            try:
-                self.kvc_arbiter.on_resident_many(kept, keys)
-            except Exception as exc:  # noqa: BLE001
-                self.kvc_sched.kvc_failed("on_resident_many", exc)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
         blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)
@@ -328,6 +333,7 @@ class RecordingKVCacheManager:
     kvc_pool: RecordingBlockPool
     kvc_admission_states: frozenset
     kvc_base_allocate_slots: Any  # vLLM's method (a class attribute set by ``install``)
+    kvc_base_free: Any
 
     def allocate_slots(self, request: Any, num_new_tokens: int, *args: Any,
                        **kwargs: Any) -> Any:
@@ -349,7 +355,17 @@ class RecordingKVCacheManager:
         admitting = request.request_id not in kvc.kvc_to_refuse
         if admitting:
             try:
-                admit = kvc.kvc_admit(request, args, kwargs)
+                arbiter = kvc.kvc_arbiter
+                if not arbiter.pins and not arbiter.deferrals:
+                    # NOTE: nothing pinned, nobody deferred: the arbiter can only admit, with
+                    # exactly ``ClaimArbiter.admitted_fields`` (no decision object to build, no
+                    # frame of ``kvc_admit``'s)
+                    kvc.kvc_pending_admission = arbiter.admitted_fields(
+                        request.request_id, -(-request.num_tokens // kvc.block_size),
+                        self.kvc_pool.get_num_free_blocks())
+                    admit = True
+                else:
+                    admit = kvc.kvc_admit(request, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - fail open: vLLM decides alone
                 kvc.kvc_failed("kvc_admit", exc)
                 # NOTE: never another request's decision: what the arbiter did not say is null
@@ -376,7 +392,7 @@ class RecordingKVCacheManager:
         previous = pool.kvc_request_id
         pool.kvc_request_id = request.request_id
         try:
-            super().free(request)  # type: ignore[misc]
+            self.kvc_base_free(request)
         finally:
             pool.kvc_request_id = previous
 

@@ -280,18 +280,14 @@ class KVClaimsMixin:
 
         Called for a waiting (or preempted) request asking for its first blocks
         (``RecordingKVCacheManager.allocate_slots``, with the positional and keyword
-        arguments vLLM passed after ``num_new_tokens``).
+        arguments vLLM passed after ``num_new_tokens``) while a claim pins blocks or a request
+        is deferred (otherwise the arbiter can only admit: ``kvc_allocate_admitting`` records
+        ``ClaimArbiter.admitted_fields`` itself).
         """
         arbiter = self.kvc_arbiter
         pool = self.kv_cache_manager.block_pool
         required = -(-request.num_tokens // self.block_size)
         pinned = bool(arbiter.pins)
-        if not pinned and not arbiter.deferrals:
-            # NOTE: nothing pinned, nobody deferred: the arbiter can only admit, with exactly
-            # ``ClaimArbiter.admitted_fields`` (no decision object to build)
-            self.kvc_pending_admission = arbiter.admitted_fields(
-                request.request_id, required, pool.get_num_free_blocks())
-            return True
         if pinned:
             hits = _hit_blocks(_computed_blocks(args, kwargs))
             required -= sum(1 for b in hits if arbiter.is_protected(b.block_id))
@@ -330,7 +326,14 @@ class KVClaimsMixin:
         self.kvc_stage(("request_admitted", 1, _now(), self.kvc_pending_admission))
         self.kvc_admitted_cached_tokens[request.request_id] = \
             int(kwargs.get("num_new_computed_tokens", args[0] if args else 0) or 0)
-        hits = _hit_blocks(_computed_blocks(args, kwargs))
+        # NOTE: ``_hit_blocks(_computed_blocks(args, kwargs))`` inlined (two frames less per
+        # admission)
+        computed = kwargs["new_computed_blocks"] if "new_computed_blocks" in kwargs \
+            else args[1] if len(args) > 1 else None
+        groups = getattr(computed, "blocks", None) if computed is not None else None
+        if not groups:
+            return
+        hits = list(groups[0])
         if not hits:
             return
         pool = self.kv_cache_manager.block_pool
@@ -408,29 +411,27 @@ class KVClaimsMixin:
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         if self.kvc_ready:
+            # NOTE: a finished request (any reason) is recorded and its bookkeeping dropped
+            # here, inline (no frame of its own: one per finished request)
             try:
-                self.kvc_on_finish(request)
+                rid = request.request_id
+                reason = request.get_finished_reason()
+                text = _REASON_TEXT.get(reason)
+                if text is None and reason is not None:
+                    text = _REASON_TEXT[reason] = str(reason)
+                self.kvc_stage(("request_finished", 1, _now(), {
+                    "request_id": rid, "finish_reason": text,
+                    "num_cached_tokens": self.kvc_admitted_cached_tokens.pop(rid, 0),
+                    "num_output_tokens": request.num_output_tokens,
+                    "reason": REFUSAL_STOP_REASON if rid in self.kvc_to_refuse else None}))
+                if self.kvc_reuse_denied:
+                    self.kvc_reuse_denied.discard(rid)
+                if self.kvc_tenants:
+                    self.kvc_tenants.pop(rid, None)
+                self.kvc_arbiter.forget(rid)
             except Exception as exc:  # noqa: BLE001 - fail open, as kvc_safely
                 self.kvc_failed("kvc_on_finish", exc)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
-
-    def kvc_on_finish(self, request: Any) -> None:
-        """Record a finished request (any reason) and drop its bookkeeping."""
-        rid = request.request_id
-        reason = request.get_finished_reason()
-        text = _REASON_TEXT.get(reason)
-        if text is None and reason is not None:
-            text = _REASON_TEXT[reason] = str(reason)
-        self.kvc_stage(("request_finished", 1, _now(), {
-            "request_id": rid, "finish_reason": text,
-            "num_cached_tokens": self.kvc_admitted_cached_tokens.pop(rid, 0),
-            "num_output_tokens": request.num_output_tokens,
-            "reason": REFUSAL_STOP_REASON if rid in self.kvc_to_refuse else None}))
-        if self.kvc_reuse_denied:
-            self.kvc_reuse_denied.discard(rid)
-        if self.kvc_tenants:
-            self.kvc_tenants.pop(rid, None)
-        self.kvc_arbiter.forget(rid)
 
     def shutdown(self) -> None:
         try:
