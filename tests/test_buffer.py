@@ -454,6 +454,31 @@ def test_staged_entries_within_capacity_are_all_written(tmp_path: Path) -> None:
         "block_freed", "block_allocated", "block_allocated", "run_finished"]
 
 
+def test_a_step_moves_the_staged_entries_once_the_bound_is_reached(tmp_path: Path) -> None:
+    from kvclaims.recorder.buffer import _MOVE_EVERY
+
+    buf = _buffer(tmp_path / "run", step=0, emit_run_started=False)
+    for i in range(_MOVE_EVERY):
+        buf.stage(("block_freed", 1, time.monotonic_ns(), {"block_id": i, "request_id": "a"}))
+    buf.advance_step()
+    assert buf._staged == []   # the staged list is bounded without any other caller moving it
+    buf.close()
+    events = [e for e in _events(tmp_path / "run") if e["event"] == "block_freed"]
+    assert [e["seq"] for e in events] == list(range(_MOVE_EVERY))
+    assert {e["step"] for e in events} == {0}
+
+
+def test_a_step_below_the_bound_leaves_the_staged_entries_for_the_next_move(
+        tmp_path: Path) -> None:
+    buf = _buffer(tmp_path / "run", step=0, emit_run_started=False)
+    buf.stage(("block_freed", 1, time.monotonic_ns(), {"block_id": 1, "request_id": "a"}))
+    buf.advance_step()
+    assert len(buf._staged) == 2   # the entry and the step mark: no lock taken, nothing moved
+    buf.close()
+    assert [(e["event"], e["step"]) for e in _events(tmp_path / "run")] == [
+        ("block_freed", 0), ("run_finished", 1)]
+
+
 def test_staged_entries_after_close_are_ignored(tmp_path: Path) -> None:
     buf = _buffer(tmp_path / "run")
     buf.close()
