@@ -1091,13 +1091,14 @@ class _Run:
             for name, col in ((name, facts.column(src).combine_chunks())
                               for name, src in PAIR_FACTS.items())}
         ni = len(self.fseq)
-        ids = sorted(set(facts.column("claim_id").to_pylist()))
-        self.code = {c: i for i, c in enumerate(ids)}
-        # NOTE: sorted as DuckDB orders VARCHAR (code points: UTF-8's byte order)
-        self.ids = pa.array(ids, pa.string())
-        self.rank = np.array([self.code[c] for c in facts.column("claim_id").to_pylist()],
-                             dtype=np.int64)
-        self.cur = np.full(max(1, len(ids)), -1, dtype=np.int64)
+        # the run's claim ids, each once, sorted as DuckDB orders VARCHAR (UTF-8's byte order,
+        # which is Arrow's); an id's code is its place here, found by Arrow (no Python object
+        # per instance: this map lives as long as the run's pass)
+        # NOTE: a claim instance always has an id (stage 02)
+        distinct = pc.unique(facts.column("claim_id").combine_chunks())
+        self.ids = distinct.take(pc.sort_indices(distinct)).cast(pa.string())
+        self.rank = self.codes(facts.column("claim_id"))
+        self.cur = np.full(max(1, len(self.ids)), -1, dtype=np.int64)
         self.k = facts.column("k").to_numpy().astype(np.int64)
         self.nsl = facts.column("n_slots").to_numpy().astype(np.int64)
         self.off = np.zeros(ni, dtype=np.int64)
@@ -1155,6 +1156,12 @@ class _Run:
         self.hvals = np.full(1024, -1, dtype=np.int32)
         self.hused = np.zeros(2, dtype=np.int32)   # no free index before a rebuild
         self.HS = self._new_hashes(512)
+
+    def codes(self, claim_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The codes of ``claim_ids`` (their places in ``ids``); -1 for an id not in the run's
+        facts, or a null."""
+        return pc.fill_null(pc.index_in(claim_ids, value_set=self.ids), -1) \
+            .to_numpy().astype(np.int64)
 
     @staticmethod
     def _new_hashes(n: int) -> np.ndarray:
@@ -1380,8 +1387,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     if claim.null_count < n:
         enc = pc.dictionary_encode(claim).combine_chunks() if isinstance(
             claim, pa.ChunkedArray) else pc.dictionary_encode(claim)
-        lut = np.array([run.code.get(c, -1) for c in enc.dictionary.to_pylist()] or [-1],
-                       dtype=np.int64)
+        lut = run.codes(enc.dictionary) if len(enc.dictionary) else np.full(1, -1, np.int64)
         ind, iok = _np(enc.indices, np.int64)
         code = np.where(iok, lut[ind], -1)
     inst_of = _instances(seq, ev, code, run.cur, run.fseq, run.rej, run.prev_live)
