@@ -21,9 +21,10 @@ applies every event and emits:
 The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
-NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
-of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
-spills them) in one INSERT per table each time that many are held, and at the end.
+NOTE: memory is the run's state (a few int64 per block, hash, slot and instance: the slot and
+instance tables cover every claim of the run from its start, so they grow with its length) plus
+one window of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to
+DuckDB (which spills them) in one INSERT per table each time that many are held, and at the end.
 NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
 window that holds them (predicates are judged at step ends).
 """
