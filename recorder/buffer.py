@@ -558,9 +558,9 @@ class EventBuffer:
         ``emit``'s kwargs), or ``(event, n, ts_ns, layout, *scalars, *column, *column, ...)``
         for ``n`` events (``layout`` from ``layout()``: the scalar values in its order, then
         each column's ``n`` values in its order, all flattened into the one tuple);
-        ``ts_ns`` is ``time.monotonic_ns()`` at the call; ``n >= 1``. The entry takes its seqs, in staging order, when the staged
-        entries are moved (next ``emit``/``emit_many``, drain, or ``_MOVE_EVERY`` entries); it is
-        validated on the writer thread like any other.
+        ``ts_ns`` is ``time.monotonic_ns()`` at the call; ``n >= 1``. The entry takes its seqs,
+        in staging order, when the staged entries are moved (next ``emit``/``emit_many``, drain,
+        or ``_MOVE_EVERY`` entries); it is validated on the writer thread like any other.
 
         NOTE: the instance attribute is the staged list's own bound ``append`` (a C call: the
         hook pays no Python frame of the buffer's). One flat tuple per entry, no nested pairs

@@ -10,8 +10,9 @@ NOTE: invariants
   exception in the engine;
 - one hook call stages one entry per event kind (``EventBuffer.stage``: the whole allocation,
   free list, cache step or hit list as columns), never one entry per block, and takes no lock
-  (the staged entries take their seqs in a later locked move, off the step path); block hashes travel as vLLM's raw
-  ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer thread;
+  (the staged entries take their seqs in a later locked move, off the step path); block hashes
+  travel as vLLM's raw ``BlockHashWithGroupId`` bytes and become 64-bit integers on the writer
+  thread;
 - per-block work in a hook is C-level passes (``map`` with ``attrgetter``, slices,
   ``list.count`` / ``in``), never a Python loop or a Python call per block, in the usual case;
 - the arbiter is called only for content bound to a claim in force (``arbiter.watched``): a

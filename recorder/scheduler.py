@@ -326,14 +326,7 @@ class KVClaimsMixin:
         self.kvc_stage(("request_admitted", 1, _now(), self.kvc_pending_admission))
         self.kvc_admitted_cached_tokens[request.request_id] = \
             int(kwargs.get("num_new_computed_tokens", args[0] if args else 0) or 0)
-        # NOTE: ``_hit_blocks(_computed_blocks(args, kwargs))`` inlined (two frames less per
-        # admission)
-        computed = kwargs["new_computed_blocks"] if "new_computed_blocks" in kwargs \
-            else args[1] if len(args) > 1 else None
-        groups = getattr(computed, "blocks", None) if computed is not None else None
-        if not groups:
-            return
-        hits = list(groups[0])
+        hits = _hit_blocks(_computed_blocks(args, kwargs))
         if not hits:
             return
         pool = self.kv_cache_manager.block_pool
