@@ -343,6 +343,7 @@ def kept_traces(traces: Path, shape: str, events: int) -> tuple[list[Path], int,
         got = json.loads(done.read_text())
         return [Path(p) for p in got["paths"]], got["events"], True
     shutil.rmtree(where, ignore_errors=True)
+    traces.mkdir(parents=True, exist_ok=True)
     paths, n = generate(where, shape, events)
     done.write_text(json.dumps({"paths": [str(p) for p in paths], "events": n}))
     return paths, n, False
@@ -581,7 +582,6 @@ def main(argv: list[str] | None = None) -> int:
         if not args.traces:
             ap.error("--generate-only needs --traces DIR")
         for shape in args.shapes.split(","):
-            Path(args.traces).mkdir(parents=True, exist_ok=True)
             paths, n, reused = kept_traces(Path(args.traces), shape, args.events)
             print(f"{shape}: {n:,} events in {', '.join(map(str, paths))}"
                   + (" (already there)" if reused else ""))

@@ -216,8 +216,8 @@ LEGACY_LOWERING: Final[dict[str, str]] = {
 
 
 def check_fails_values_sql() -> str:
-    """``kv_check_fails`` as a SQL ``VALUES`` list (check, kind): the finding kinds that fail
-    each check (:attr:`Check.fails_on`)."""
+    """08_conformance's ``fails`` as a SQL ``VALUES`` list (check, kind): the finding kinds that
+    fail each check (:attr:`Check.fails_on`)."""
     return ",\n    ".join(f"({sql_string(c.name)}, {sql_string(kind)})"
                           for c in CHECKS for kind in c.fails_on)
 
