@@ -31,6 +31,7 @@ from typing import Any
 import kvclaims
 from kvclaims.contract.policies import get_policy
 from kvclaims.contract.schema import InputError
+from kvclaims.contract.vocabulary import fill_sql
 from kvclaims.recorder import buffer as rec_buffer
 from kvclaims.recorder import hooks as rec_hooks
 # NOTE: the comparison lives with the other readers of computed what-ifs (report, dashboard,
@@ -110,9 +111,10 @@ def read_workload(run_dir: str | Path) -> Workload:
     if not manifest.get("complete"):
         approx.append("the recorded run did not finish (manifest not complete): what its "
                       "requests would have done after its end is unknown")
-    start = _one(con, "SELECT block_size, usable_blocks, policy, schema_version, "
-                      "max_num_batched_tokens, max_num_seqs, max_defer_steps, max_defer_s "
-                      "FROM events WHERE event = 'run_started'")
+    start = _one(con, fill_sql(
+        "SELECT block_size, usable_blocks, policy, schema_version, max_num_batched_tokens, "
+        "max_num_seqs, max_defer_steps, max_defer_s FROM events "
+        "WHERE event = {event.run_started}"))
     if not start or start[0] is None or start[1] is None:
         raise InputError(f"{run_dir}: run_started has no block_size or usable_blocks; "
                          "nothing to replay against")
@@ -132,7 +134,8 @@ def read_workload(run_dir: str | Path) -> Workload:
         approx.append("the recorded engine used vLLM's AsyncScheduler; the replay drives "
                       "Scheduler (the same admission and eviction code, one step earlier "
                       "output)")
-    failures = _one(con, "SELECT count(*) FROM events WHERE event = 'hook_failed'")[0]
+    failures = _one(con, fill_sql(
+        "SELECT count(*) FROM events WHERE event = {event.hook_failed}"))[0]
     if failures:
         approx.append(f"the recorded run has {failures} hook_failed events: from the first "
                       "on its enforcement is unknown, while the replay enforces throughout")
@@ -140,8 +143,9 @@ def read_workload(run_dir: str | Path) -> Workload:
     approx += req_notes
     steps = dict(con.sql("SELECT step, min(ts_ns) FROM events WHERE step IS NOT NULL "
                          "GROUP BY step").fetchall())
-    operator = con.sql("SELECT step, seq, claim_id FROM events WHERE event = 'claim_released' "
-                       "AND released_by = 'operator' ORDER BY seq").fetchall()
+    operator = con.sql(fill_sql(
+        "SELECT step, seq, claim_id FROM events WHERE event = {event.claim_released} "
+        "AND released_by = {releaser.operator} ORDER BY seq")).fetchall()
     tenant_limit = manifest.get("max_protected_blocks_per_tenant")
     return Workload(
         source_run_id=run_id, source_dir=run_dir, block_size=int(block_size),
@@ -178,12 +182,12 @@ def _check_replayable(run_dir: Path, manifest: dict[str, Any], trace: Any) -> No
                          "behind it (arrivals, claims, releases) are unknown, so the workload "
                          "cannot be rebuilt")
     con = trace.connect()
-    gaps, dropped, steps, arrivals = _one(con, """
-        SELECT count(*) FILTER (WHERE event = 'recorder_gap'),
+    gaps, dropped, steps, arrivals = _one(con, fill_sql("""
+        SELECT count(*) FILTER (WHERE event = {event.recorder_gap}),
                coalesce(max(events_dropped), 0),
                count(step),
-               count(*) FILTER (WHERE event = 'request_arrived')
-        FROM events""")
+               count(*) FILTER (WHERE event = {event.request_arrived})
+        FROM events"""))
     if gaps or dropped:
         raise InputError(f"{run_dir}: the trace has a hole ({gaps} recorder_gap, {dropped} "
                          "events dropped); the workload cannot be rebuilt")
@@ -204,26 +208,26 @@ def _first_hole(trace: Any) -> str:
 
 def _requests(con: Any, block_size: int) -> tuple[list[ReplayRequest], list[str]]:
     """Every arrival of the run, in arrival order, with what the trace says about it."""
-    arrivals = con.sql("""
+    arrivals = con.sql(fill_sql("""
         SELECT request_id, seq, step, ts_ns, num_prompt_tokens, tenant, claim_id
-        FROM events WHERE event = 'request_arrived' ORDER BY seq""").fetchall()
+        FROM events WHERE event = {event.request_arrived} ORDER BY seq""")).fetchall()
     chains: dict[str, dict[int, int]] = {}
-    for rid, pos, h in con.sql("""
+    for rid, pos, h in con.sql(fill_sql("""
             SELECT request_id, position, block_hash FROM events
-            WHERE event IN ('block_cached', 'block_hit') AND position IS NOT NULL
-            ORDER BY seq""").fetchall():
+            WHERE event IN ({event.block_cached}, {event.block_hit}) AND position IS NOT NULL
+            ORDER BY seq""")).fetchall():
         chains.setdefault(rid, {}).setdefault(int(pos), int(h))
-    finished = {r[0]: r[1:] for r in con.sql("""
+    finished = {r[0]: r[1:] for r in con.sql(fill_sql("""
         SELECT request_id, finish_reason, num_output_tokens, reason, step, seq FROM events
-        WHERE event = 'request_finished'""").fetchall()}
-    claims = {r[0]: r[1:] for r in con.sql("""
+        WHERE event = {event.request_finished}""")).fetchall()}
+    claims = {r[0]: r[1:] for r in con.sql(fill_sql("""
         SELECT request_id, claim_id, tenant, protection_mode, threshold_blocks, ttl_s, value
-        FROM events WHERE event = 'claim_submitted'""").fetchall()}
+        FROM events WHERE event = {event.claim_submitted}""")).fetchall()}
     releases: dict[str, list[str]] = {}
-    for rid, cid in con.sql("""
+    for rid, cid in con.sql(fill_sql("""
             SELECT request_id, claim_id FROM events
-            WHERE (event = 'claim_released' AND released_by = 'tenant')
-               OR event = 'claim_release_refused' ORDER BY seq""").fetchall():
+            WHERE (event = {event.claim_released} AND released_by = {releaser.tenant})
+               OR event = {event.claim_release_refused} ORDER BY seq""")).fetchall():
         if rid is not None:
             releases.setdefault(rid, []).append(cid)
     out: list[ReplayRequest] = []

@@ -138,7 +138,7 @@ class Tables:
 
     def summary(self) -> list[dict[str, Any]]:
         """Per run: loss counts by label, claim outcomes, request outcomes, findings."""
-        rows = self.con.sql("""
+        rows = self.con.sql(fill_sql("""
             SELECT r.run_id, r.policy, r.usable_blocks, r.n_events AS events,
                    r.unknown_from_seq, r.truncated,
                    (SELECT count(*) FROM losses l WHERE l.run_id = r.run_id) AS losses,
@@ -153,9 +153,9 @@ class Tables:
                         GROUP BY outcome ORDER BY outcome)) AS request_outcomes,
                    (SELECT map(list(severity), list(n)) FROM (
                         SELECT severity, count(*) AS n FROM findings f
-                        WHERE f.run_id = r.run_id AND severity <> 'hole'
+                        WHERE f.run_id = r.run_id AND severity <> {severity.hole}
                         GROUP BY severity ORDER BY severity)) AS findings
-            FROM kv_runs r ORDER BY r.run_id""").fetchall()
+            FROM kv_runs r ORDER BY r.run_id""")).fetchall()
         cols = ["run_id", "policy", "usable_blocks", "events", "unknown_from_seq", "truncated",
                 "losses", "labels", "claim_outcomes", "request_outcomes", "findings"]
         # NOTE: one shape: an empty count is {}, never null

@@ -26,6 +26,11 @@ PY_TERMS = frozenset(t for g, names in V.GROUPS.items()
                      if g not in ("releaser", "cause", "decision", "evidence", "lifecycle_source")
                      for t in names)
 _QUOTED = re.compile(r"'([A-Za-z0-9_]+)'")
+# Python on the offline side that runs SQL over traces and tables (the what-if reader, the
+# reconstructor's drivers, the facade, the CLI): its SQL fills terms with ``fill_sql`` too.
+PY_SQL_FILES = sorted(p for part in ("kvclaims", "reconstruct", "queries", "dashboard")
+                      for p in (REPO / part).rglob("*.py"))
+_SQL_WORDS = re.compile(r"\b(SELECT|WHERE|FILTER|CASE WHEN)\b")
 
 
 def sql_literals(text: str) -> list[str]:
@@ -53,6 +58,27 @@ def python_literals(text: str) -> list[str]:
     return found
 
 
+def python_sql_literals(text: str) -> list[str]:
+    """Quoted vocabulary terms in the SQL a Python file runs: every string (an f-string's
+    literal parts taken together) with a SQL keyword."""
+    tree = ast.parse(text)
+    parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    found = []
+    for n in ast.walk(tree):
+        if id(n) in parts:
+            continue
+        if isinstance(n, ast.JoinedStr):
+            code = " ".join(v.value for v in n.values
+                            if isinstance(v, ast.Constant) and isinstance(v.value, str))
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            code = n.value
+        else:
+            continue
+        if _SQL_WORDS.search(code):
+            found += sql_literals(code)
+    return found
+
+
 @pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.name)
 def test_sql_names_the_vocabulary_only_through_placeholders(path: Path) -> None:
     assert sql_literals(path.read_text()) == []
@@ -65,6 +91,17 @@ def test_a_quoted_label_in_sql_is_caught() -> None:
 @pytest.mark.parametrize("path", PY_FILES, ids=lambda p: p.name)
 def test_pages_name_the_vocabulary_only_through_the_module(path: Path) -> None:
     assert python_literals(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", PY_SQL_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_sql_run_from_python_names_the_vocabulary_only_through_placeholders(path: Path) -> None:
+    assert python_sql_literals(path.read_text()) == []
+
+
+def test_a_term_quoted_in_sql_run_from_python_is_caught() -> None:
+    assert python_sql_literals(
+        'con.sql(f"SELECT count(*) FROM events WHERE event = \'hook_failed\' AND x = {x}")\n'
+        'MESSAGE = "mode \'expiring\' needs a ttl"\n') == ["hook_failed"]
 
 
 def test_a_label_spelled_in_python_is_caught() -> None:
