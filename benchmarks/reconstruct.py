@@ -2,6 +2,7 @@
 
     python benchmarks/reconstruct.py [--events N] [--shapes sparse,dense,sweep]
                                      [--memory-limit 2GB] [--python-events N]
+    python benchmarks/reconstruct.py --events 10000000,100000000 --shapes dense   # scaling
     python benchmarks/reconstruct.py --out-of-core        # opt-in: 1 B dense events
 
 Each shape runs in its own process (so peak RSS is its own) and prints, side by side: a bare
@@ -26,7 +27,10 @@ evicted and re-cached).
 Every stage is given in events per CPU-second (user + system of the process and its children,
 all threads: ``os.times``) and wall. The issue's targets (issue 28: end to end >= 2 M events
 per CPU-second, within 4x of the bare scan, >= 10x the plain-Python replay) are checked; one
-missed is printed with how far off it is and the stage that dominates the CPU.
+missed is printed with how far off it is and the stage that dominates the CPU. Given several
+sizes (``--events 10000000,100000000``), it also states how the CPU per event grows from each
+size to the next, per shape (target: at most 1.1x per event from 10 M to 100 M, i.e. 11x the
+CPU), and at 100 M requested events whether the peak RSS is within 2 GiB.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ MIXED_RUNS = 64
 TARGET_E2E_RATE = 2e6        # events per CPU-second end to end
 TARGET_SCAN_RATIO = 4.0      # end-to-end CPU / bare-scan CPU at most
 TARGET_PY_RATIO = 10.0       # end-to-end rate / plain-Python replay rate at least
+TARGET_GROWTH = 1.1          # CPU per event at 10x the events / at 1x, at most (10 M -> 100 M: 11x)
+TARGET_PEAK_GIB = 2.0        # peak RSS at TARGET_PEAK_EVENTS requested events, at most
+TARGET_PEAK_EVENTS = 100_000_000
 MODE_CLASS = {"best_effort": 0, "soft_priority": 1}  # anything else: residency (2)
 
 
@@ -459,6 +466,11 @@ def targets(r: dict[str, Any]) -> list[str]:
         (vs_py >= TARGET_PY_RATIO, f">= {TARGET_PY_RATIO:.0f}x the plain-Python replay",
          f"{vs_py:.1f}x: {TARGET_PY_RATIO / vs_py:.1f}x short"),
     ]
+    if r.get("requested", r["events"]) >= TARGET_PEAK_EVENTS:
+        gib = r["rss_mib"] / 1024
+        checks.append((gib <= TARGET_PEAK_GIB,
+                       f"peak RSS <= {TARGET_PEAK_GIB:.0f} GiB at this size",
+                       f"{gib:.2f} GiB: {gib / TARGET_PEAK_GIB:.2f}x the target"))
     lines = [f"  target {goal:<44} " + ("met" if ok else f"MISSED, {how}")
              for ok, goal, how in checks]
     if not all(ok for ok, _g, _h in checks):
@@ -538,7 +550,9 @@ TARGETS_NOTE = ("Targets (issue 28, CPU terms): end to end >= "
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--events", type=_sizes, default=[10_000_000],
+                    help="events per shape; several sizes, comma-separated, also state how the "
+                         "CPU per event grows from each size to the next")
     ap.add_argument("--shapes", default="sparse,dense,sweep,mixed")
     ap.add_argument("--memory-limit", default="2GB")
     ap.add_argument("--python-events", type=int, default=1_000_000,
@@ -558,10 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     _report.add_doc_option(ap)
     args = ap.parse_args(argv)
     if args.out_of_core:
-        args.events, args.shapes = 1_000_000_000, "dense"
+        args.events, args.shapes = [1_000_000_000], "dense"
+    if (args.one or args.gen) and len(args.events) != 1:
+        ap.error("one size per child")
 
     if args.gen:
-        paths, n = write_shape(Path(args.work), args.gen, args.events)
+        paths, n = write_shape(Path(args.work), args.gen, args.events[0])
         Path(args.json_out).write_text(json.dumps({"paths": [str(p) for p in paths],
                                                    "events": n}))
         return 0
@@ -571,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.work).mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f"kvclaims-bench-{args.one}-", dir=args.work))
         try:
-            res = run_one(args.one, args.events, args.memory_limit, args.python_events, work,
+            res = run_one(args.one, args.events[0], args.memory_limit, args.python_events, work,
                           Path(args.traces) if args.traces else None)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -581,16 +597,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate_only:
         if not args.traces:
             ap.error("--generate-only needs --traces DIR")
-        for shape in args.shapes.split(","):
-            paths, n, reused = kept_traces(Path(args.traces), shape, args.events)
+        for shape, size in ((sh, sz) for sz in args.events for sh in args.shapes.split(",")):
+            paths, n, reused = kept_traces(Path(args.traces), shape, size)
             print(f"{shape}: {n:,} events in {', '.join(map(str, paths))}"
                   + (" (already there)" if reused else ""))
         return 0
 
+    by_size = []
+    for size in args.events:
+        results = _run_shapes(args, size)
+        if results is None:
+            return 1
+        by_size.append(results)
+        print(f"\n{os.cpu_count()} CPUs, DuckDB memory_limit {args.memory_limit}\n")
+        for r in results:
+            print("\n".join(fmt(r)))
+            print()
+        details = [line for r in results for line in fmt(r)]
+        # NOTE: a section per trace size, so a 100 M run does not replace the 10 M figures
+        _report.write_section(
+            f"reconstruct.{_size_name(size)}",
+            _report.markdown_table(SUMMARY_HEADER, [summary_row(r) for r in results])
+            + f"\n\n{TARGETS_NOTE}\n\nDuckDB memory_limit {args.memory_limit}; per shape:\n\n"
+            + _report.preformatted(details), args.doc, script=__file__)
+    if len(by_size) > 1:
+        rows = growth_rows(by_size)
+        print("\n".join(" | ".join(row) for row in [GROWTH_HEADER, *rows]))
+        _report.write_section(
+            "reconstruct.growth", _report.markdown_table(GROWTH_HEADER, rows)
+            + f"\n\nTarget (issue 28): CPU per event at 10x the events at most "
+            f"{TARGET_GROWTH}x (10 M -> 100 M: at most {10 * TARGET_GROWTH:.0f}x the CPU); "
+            f"peak RSS at most {TARGET_PEAK_GIB:.0f} GiB at "
+            f"{TARGET_PEAK_EVENTS // 1_000_000} M events. DuckDB memory_limit "
+            f"{args.memory_limit}.", args.doc, script=__file__)
+    return 0 if all(r["n_mismatches"] == 0 for rs in by_size for r in rs) else 1
+
+
+def _sizes(text: str) -> list[int]:
+    """``--events``: one size or several, comma-separated, ascending."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected sizes such as 10000000 or "
+                                         "10000000,100000000") from None
+    if not sizes or min(sizes) < 1 or sizes != sorted(set(sizes)):
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive and ascending")
+    return sizes
+
+
+def _size_name(size: int) -> str:
+    return f"{size // 1_000_000}M" if size >= 1_000_000 else str(size)
+
+
+def _run_shapes(args: argparse.Namespace, size: int) -> list[dict[str, Any]] | None:
+    """Every shape at ``size`` events, each in its own child process (None if one failed)."""
     results = []
     for shape in args.shapes.split(","):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            cmd = [sys.executable, __file__, "--one", shape, "--events", str(args.events),
+            cmd = [sys.executable, __file__, "--one", shape, "--events", str(size),
                    "--memory-limit", args.memory_limit, "--python-events",
                    str(args.python_events), "--json-out", out.name]
             if args.work:
@@ -599,22 +663,35 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--traces", str(Path(args.traces).resolve())]
             if subprocess.run(cmd, check=False).returncode != 0:
                 print(f"{shape}: failed", file=sys.stderr)
-                return 1
-            results.append(json.loads(Path(out.name).read_text()))
-    print(f"\n{os.cpu_count()} CPUs, DuckDB memory_limit {args.memory_limit}\n")
-    for r in results:
-        print("\n".join(fmt(r)))
-        print()
-    details = [line for r in results for line in fmt(r)]
-    # NOTE: a section per trace size, so a 100 M run does not replace the 10 M figures
-    size = f"{args.events // 1_000_000}M" if args.events >= 1_000_000 else str(args.events)
-    _report.write_section(
-        f"reconstruct.{size}",
-        _report.markdown_table(SUMMARY_HEADER, [summary_row(r) for r in results])
-        + f"\n\n{TARGETS_NOTE}\n\nDuckDB memory_limit {args.memory_limit}; per shape:\n\n"
-        + _report.preformatted(details), args.doc, script=__file__)
-    return 0 if all(r["n_mismatches"] == 0 for r in results) else 1
+                return None
+            res = json.loads(Path(out.name).read_text())
+            res["requested"] = size
+            results.append(res)
+    return results
 
+
+GROWTH_HEADER = ["shape", "from", "to", "events ×", "end-to-end CPU ×", "CPU per event ×",
+                 "fastest-growing stage (CPU ×)", "peak RSS (to)", "target"]
+
+
+def growth_rows(by_size: list[list[dict[str, Any]]]) -> list[list[str]]:
+    """Per shape, from each size to the next: how events, CPU and CPU per event grow."""
+    rows = []
+    for small, large in zip(by_size, by_size[1:]):
+        for a, b in zip(small, large):
+            ev = b["events"] / a["events"]
+            cpu = b["e2e_cpu_s"] / max(a["e2e_cpu_s"], 1e-9)
+            per_event = cpu / ev
+            # NOTE: among the stages with at least 2% of the CPU (a tiny stage's ratio is noise)
+            stage, grew = max(((k, b["stages_cpu"][k] / max(v, 1e-9))
+                               for k, v in a["stages_cpu"].items()
+                               if v >= 0.02 * a["e2e_cpu_s"]), key=lambda kv: kv[1])
+            ok = per_event <= TARGET_GROWTH
+            rows.append([a["shape"], f"{a['events'] / 1e6:.2f} M", f"{b['events'] / 1e6:.2f} M",
+                         f"{ev:.1f}x", f"{cpu:.1f}x", f"{per_event:.2f}x",
+                         f"{stage} ({grew:.1f}x)", f"{b['rss_mib'] / 1024:.2f} GiB",
+                         "met" if ok else f"MISSED by {per_event / TARGET_GROWTH:.2f}x"])
+    return rows
 
 if __name__ == "__main__":
     sys.exit(main())
