@@ -34,6 +34,7 @@ import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
 from kvclaims.recorder.claims import UNUSABLE_CLAIM_ID, ClaimDeclaration, Rejection, parse_claim
@@ -42,6 +43,8 @@ from kvclaims.contract.vocabulary import PINNING_MODES, RESIDENCY_MODES
 
 Emit = Callable[..., None]
 Block = Any  # vLLM's KVCacheBlock (has .block_id); opaque here
+_WATCH_BLOCK = attrgetter("block")
+_WATCH_PINNERS = attrgetter("pinners")
 
 
 @dataclass(eq=False, slots=True)
@@ -367,9 +370,19 @@ class ClaimArbiter:
         their threshold), and for the segment's claims only when that completes it; any copy
         is pinned for the protecting ones. A further copy under a policy that does not enforce
         (a hit on resident content, the usual case) is one dict store.
+
+        NOTE: when every key is watched, held by exactly its block already (the same object as
+        its oldest copy) and pinned for no claim, nothing changes: a request's hits on claimed
+        content it found in the cache, the usual call from an admission. That case is found
+        by C-level passes and returns before the per-block loop.
         """
+        watches = list(map(self._watched.get, keys))
+        if None not in watches and len(watches) == len(blocks) \
+                and all(map(is_, map(_WATCH_BLOCK, watches), blocks)) \
+                and not any(map(_WATCH_PINNERS, watches)):
+            return
         tick = self._tick
-        for block, watch in zip(blocks, map(self._watched.get, keys)):
+        for block, watch in zip(blocks, watches):
             if watch is None:
                 continue
             held = watch.block_id

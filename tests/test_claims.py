@@ -219,6 +219,29 @@ def test_loss_of_one_copy_keeps_the_content_resident():
     assert "claim_harmed" not in rec.names()
 
 
+def test_a_hit_by_the_blocks_already_holding_claimed_content_changes_nothing():
+    arb, rec = arbiter("native")
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    blocks = [Block(1), Block(2)]
+    arb.on_resident_many(blocks, [b"a", b"b"])
+    before = list(rec.events)
+    arb.on_resident_many(blocks, [b"a", b"b"])  # a request hitting both, as vLLM reports it
+    watches = [arb.watched[b"a"], arb.watched[b"b"]]
+    assert rec.events == before
+    assert [(w.block_id, w.block, w.more) for w in watches] == [(1, blocks[0], None),
+                                                                (2, blocks[1], None)]
+
+
+def test_a_hit_by_another_block_holding_claimed_content_is_kept_as_a_further_copy():
+    arb, rec = arbiter("native")
+    arb.on_request("r", {"claim_id": "c"}, [], [b"a", b"b"])
+    arb.on_resident_many([Block(1), Block(2)], [b"a", b"b"])
+    arb.on_resident_many([Block(1), Block(7)], [b"a", b"b"])
+    arb.on_lost(2, b"b")
+    arb.end_of_step()
+    assert arb.watched[b"b"].block_id == 7 and "claim_harmed" not in rec.names()
+
+
 def test_duplicate_claim_id_in_force_is_rejected():
     arb, rec = arbiter("native")
     arb.on_request("r1", {"claim_id": "c"}, [], [b"a"])
