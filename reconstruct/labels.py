@@ -21,10 +21,13 @@ applies every event and emits:
 The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
-NOTE: memory is the run's state (a few int64 per block, hash, slot and instance: the slot and
-instance tables cover every claim of the run from its start, so they grow with its length) plus
-one window of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to
-DuckDB (which spills them) in one INSERT per table each time that many are held, and at the end.
+NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
+of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
+spills them) in one INSERT per table each time that many are held, and at the end. The hashes
+held are those resident, or bound and named by a later event of the run (``kv_hash_last``, one
+DuckDB aggregate per run): a bound hash no later event names is forgotten with its bindings once
+it has no copy. The slot and instance tables cover every claim of the run from its start, so
+they still grow with its length.
 NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
 window that holds them (predicates are judged at step ends).
 """
@@ -201,7 +204,10 @@ def rule(seq: int, unknown_from: int, submitted: bool, accepted_seq: int, releas
 # block state columns
 B_HASH, B_REF, B_LAST_KIND, B_LAST_HASH, B_LAST_HASH_OK, B_LAST_SEQ, B_ID = range(7)
 # hash state columns
-H_COPIES, H_EVC, H_SOFT, H_RESID, H_HEAD, H_LEN = range(6)
+H_COPIES, H_EVC, H_SOFT, H_RESID, H_HEAD, H_LEN, H_DEAD = range(7)
+NH = 7
+# NOTE: H_DEAD: no event of the run names the hash after the window the pass has finished
+# (``_Run.forget``): once it also has no copy, nothing can read its state or its bindings again
 # slot columns
 S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 # instance state columns
@@ -284,6 +290,27 @@ def hash_index(keys: np.ndarray, vals: np.ndarray, hused: np.ndarray, h: np.uint
 
 
 @numba.njit(cache=True)
+def _find(keys: np.ndarray, vals: np.ndarray, h: np.uint64) -> int:
+    """Dense index of content hash ``h``, -1 when the table does not hold it (nothing added)."""
+    mask = keys.shape[0] - 1
+    i = _home(h, mask)
+    while vals[i] >= 0:
+        if keys[i] == h:
+            return vals[i]
+        i = (i + 1) & mask
+    return -1
+
+
+@numba.njit(cache=True)
+def _mark_dead(keys: np.ndarray, vals: np.ndarray, HS: np.ndarray, hashes: np.ndarray) -> None:
+    """Mark ``hashes`` (none named by a later event of the run) dead where the table holds them."""
+    for j in range(hashes.shape[0]):
+        v = _find(keys, vals, hashes[j])
+        if v >= 0:
+            HS[v, H_DEAD] = 1
+
+
+@numba.njit(cache=True)
 def _room(hkeys: np.ndarray, hused: np.ndarray, HS: np.ndarray, need: int) -> bool:
     """Whether ``need`` new hashes fit in the table (half empty at most) and in ``HS``."""
     return (2 * (hused[0] - hused[1] + need) <= hkeys.shape[0]
@@ -291,19 +318,43 @@ def _room(hkeys: np.ndarray, hused: np.ndarray, HS: np.ndarray, need: int) -> bo
 
 
 @numba.njit(cache=True)
-def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray):
+def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray,
+             SL: np.ndarray, BS: np.ndarray):
     """A new hash table for the live hashes only; the indices of the others become free.
 
     NOTE: a hash with no copy, no binding and no in-force coverage has all-zero state: it can
-    be forgotten and re-entered fresh when it shows up again. This keeps memory proportional
-    to the content resident or bound, not to every hash the run ever saw. A live hash keeps
-    its index, so nothing that refers to it (blocks, slots) is rewritten: a rebuild costs
-    O(table + indices), and leaves room for as many new hashes as are live (amortized O(1))."""
+    be forgotten and re-entered fresh when it shows up again. A *dead* hash (``H_DEAD``: no
+    later event of the run names it) with no copy is forgotten with its bindings: its slots
+    are unlinked (``S_HASH`` -1, as if never bound), since no loss, copy or binding can reach
+    them through it again; a block whose last cached content it is (an eviction without a
+    hash reads that) keeps it. This keeps memory proportional to the content resident, bound
+    and named again later, not to every hash the run ever saw or bound. A live hash keeps its
+    index, so nothing that refers to it (blocks, slots) is rewritten: a rebuild costs
+    O(table + indices + blocks), and leaves room for as many new hashes as are live
+    (amortized O(1))."""
     n_old = hused[0]
     live = np.zeros(n_old, dtype=np.bool_)
     for i in range(n_old):
-        live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
-                   or HS[i, H_RESID] != 0 or HS[i, H_EVC] != 0)
+        live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_EVC] != 0
+                   or (HS[i, H_DEAD] == 0 and (HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
+                                               or HS[i, H_RESID] != 0)))
+    for b in range(BS.shape[0]):
+        if BS[b, B_LAST_KIND] == 1 and BS[b, B_LAST_HASH_OK] == 1:
+            v = _find(hkeys, hvals, np.uint64(BS[b, B_LAST_HASH]))
+            if v >= 0:
+                live[v] = True
+    for i in range(n_old):
+        if not live[i] and HS[i, H_LEN] != 0:
+            s = HS[i, H_HEAD]
+            while s >= 0:
+                nx = SL[s, S_NEXT]
+                SL[s, S_HASH] = -1
+                SL[s, S_NEXT] = -1
+                SL[s, S_PREV] = -1
+                s = nx
+        if not live[i]:   # a free index starts from the all-zero state
+            HS[i, :] = 0
+            HS[i, H_HEAD] = -1
     n_live = int(live.sum())
     cap = 1024
     while cap < 4 * (n_live + 16):
@@ -322,7 +373,7 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
     rows = max(HS.shape[0], 2 * n_live + 32)
     hs = HS
     if rows > HS.shape[0]:
-        hs = np.zeros((rows, 6), dtype=HS.dtype)
+        hs = np.zeros((rows, NH), dtype=HS.dtype)
         hs[:, H_HEAD] = -1
         hs[:HS.shape[0]] = HS
     used = np.zeros(2 + rows, dtype=hused.dtype)
@@ -626,7 +677,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         s = seq[i]
         # room for the (at most 3) hashes this event may add
         if not _room(hkeys, hused, HS, 3):
-            hkeys, hvals, hused, HS = _rebuild(hkeys, hvals, hused, HS)
+            hkeys, hvals, hused, HS = _rebuild(hkeys, hvals, hused, HS, SL, BS)
         # capacity for the worst case of this event
         if e == EV_RESET:
             need = C[C_NSLOTS] + nb + 1
@@ -985,7 +1036,8 @@ FLUSH_ROWS: Final[int] = 500_000
 # Claim instances whose slots are filled at once when a run's slot table is built.
 SLOT_FILL_INSTANCES: Final[int] = 1 << 20
 
-# NOTE: only for a connection whose events are not in files (core.reconstruct on a table)
+# NOTE: only for a connection whose events are not in files (core.reconstruct on a table,
+# which holds them in memory already)
 _RUN_SQL: Final[str] = (f"SELECT {', '.join(PASS_COLUMNS)} FROM events WHERE run_id = $rid "
                         "ORDER BY seq")
 
@@ -1047,6 +1099,19 @@ LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
 WHERE f.run_id = $rid ORDER BY f.claim_seq
 """
 
+# Each content hash of a run with the seq of the last event that names it, in that order: the
+# pass marks a hash dead once its windows are past that seq (``_Run.forget``).
+_HASH_LAST_SQL: Final[str] = """
+CREATE OR REPLACE TEMP TABLE kv_hash_last AS
+SELECT block_hash AS h, max(seq) AS last_seq FROM events
+WHERE run_id = $rid AND block_hash IS NOT NULL GROUP BY block_hash ORDER BY last_seq
+"""
+_HASH_DEAD_SQL: Final[str] = "SELECT h FROM kv_hash_last WHERE last_seq > $lo AND last_seq <= $hi"
+
+#: The most content-hash entries one run's pass held at once in the last ``build`` (live
+#: hashes and those not yet collected): what the hash table's size follows.
+HELD: dict[str, int] = {"hashes": 0}
+
 _LABEL_DICT = pa.array(["", *(LABEL_NAMES[i] for i in range(1, 6))], pa.string())
 
 
@@ -1080,6 +1145,9 @@ class _Run:
 
     def __init__(self, con: Any, rid: str, unknown_from: int | None) -> None:
         self.rid = rid
+        self.con = con
+        con.execute(_HASH_LAST_SQL, {"rid": rid})
+        self.named_to = -(1 << 62)   # hashes last named at or before this seq are marked dead
         self.unknown_from = -1 if unknown_from is None else int(unknown_from)
         facts = con.sql(_FACTS_SQL, params={"rid": rid}).to_arrow_table()
         self.fseq = facts.column("claim_seq").to_numpy().astype(np.int64)
@@ -1153,10 +1221,24 @@ class _Run:
         self.block_map: dict[int, int] | None = None
         self.hkeys = np.zeros(1024, dtype=np.uint64)
         # NOTE: int32 (a run's live hashes stay below 2**31): the hash table and the per-hash
-        # state grow with the content resident or bound, the pass's largest state on long runs
+        # state follow the content resident, or bound and named again later (``forget``)
         self.hvals = np.full(1024, -1, dtype=np.int32)
         self.hused = np.zeros(2, dtype=np.int32)   # no free index before a rebuild
         self.HS = self._new_hashes(512)
+
+    def forget(self, seq: int) -> None:
+        """Mark dead the hashes no event after ``seq`` names (the pass is past ``seq``); the
+        next rebuild of the hash table forgets those without a copy, with their bindings."""
+        dead = self.con.sql(_HASH_DEAD_SQL, params={"lo": self.named_to, "hi": seq}) \
+            .to_arrow_table().column("h").to_numpy().astype(np.uint64)
+        self.named_to = seq
+        if dead.size:
+            _mark_dead(self.hkeys, self.hvals, self.HS, dead)
+        HELD["hashes"] = max(HELD["hashes"], int(self.hused[0] - self.hused[1]))
+
+    def close(self) -> None:
+        """Drop the run's hash table of last seqs."""
+        self.con.execute("DROP TABLE IF EXISTS kv_hash_last")
 
     def codes(self, claim_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """The codes of ``claim_ids`` (their places in ``ids``); -1 for an id not in the run's
@@ -1166,7 +1248,7 @@ class _Run:
 
     @staticmethod
     def _new_hashes(n: int) -> np.ndarray:
-        hs = np.zeros((n, 6), dtype=np.int32)
+        hs = np.zeros((n, NH), dtype=np.int32)
         hs[:, H_HEAD] = -1
         return hs
 
@@ -1601,22 +1683,29 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
         "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
     con.execute("SET preserve_insertion_order = true")
     sink = _Sink(con)
+    HELD["hashes"] = 0
     try:
         for rid, unknown_from in runs:
             run = _Run(con, rid, unknown_from)
             sink.start_run(run)
+            # NOTE: without files, the run's events are fetched whole (they are an in-memory
+            # table then): an open reader would block the queries the pass makes per window
             batches = (sources(rid) if sources is not None else
-                       con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_reader(1 << 16))
+                       con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_table()
+                       .to_batches(min(window, 1 << 16)))
             for t in _timed(_windows(batches, window), "input"):
                 s = t.column("seq").to_numpy()
                 if t.num_rows > 1 and not bool(np.all(s[1:] >= s[:-1])):
                     raise ValueError(f"run {rid}: events not in seq order")
                 t0 = time.perf_counter()
                 _window(run, sink, t)
+                # NOTE: up to the seq before the window's last: the next window may repeat it
+                run.forget(int(s[-1]) - 1)
                 TIMINGS["window"] += time.perf_counter() - t0
                 if progress is not None:
                     progress(t.num_rows)
             _finish(run, sink)
+            run.close()
         sink.close()
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")
