@@ -1,7 +1,8 @@
-"""The labelling pass holds the content that is live, not every hash a run ever bound
-(docs/reconstruction.md, "Scale"): a bound hash that no later event names is forgotten, with its
-bindings, once it has no copy; one that a later event names is kept, so its loss is judged
-against the claims bound to it."""
+"""The labelling pass holds the content and the claim instances that are live, not every hash
+and instance of the run (docs/reconstruction.md, "Scale"): a bound hash that no later event
+names is forgotten, with its bindings, once it has no copy, and an instance is let go once no
+later event of its own follows and no hash held binds it; a hash that a later event names is
+kept, with the instances bound to it, so its loss is judged against them."""
 
 from __future__ import annotations
 
@@ -75,20 +76,23 @@ def _reconstruct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
     return core.reconstruct(loader.Trace(events=events, manifests={}, truncated_runs=set()))
 
 
-def test_bound_hashes_no_later_event_names_are_not_held(tmp_path: Path,
+def test_hashes_and_instances_no_later_event_reaches_are_not_held(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     t = _reconstruct(tmp_path, monkeypatch, named_again=False)
     bound = REQUESTS * BLOCKS
     assert t.con.sql("SELECT count(DISTINCT block_hash) FROM loss_claims").fetchall() == [
         (bound - POOL,)]                       # every evicted hash was bound by a claim
     assert labels.HELD["hashes"] <= bound // 4
+    # one claim in force at a time; the others wait at most for a rebuild of the hash table
+    assert labels.HELD["instances"] <= REQUESTS // 4
 
 
-def test_twin_bound_hashes_named_again_later_are_held_and_judged(
+def test_twin_hashes_named_again_later_are_held_with_their_instances_and_judged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t = _reconstruct(tmp_path, monkeypatch, named_again=True)
     bound = REQUESTS * BLOCKS
     assert labels.HELD["hashes"] >= bound
+    assert labels.HELD["instances"] == REQUESTS
     # each hash's second loss is still judged against the (released) claim bound to it
     assert t.con.sql("SELECT label, count(*) FROM loss_claims WHERE by_request_id = 'again' "
                      "GROUP BY label").fetchall() == [("relaxation", bound)]
