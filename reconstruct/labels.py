@@ -1112,8 +1112,10 @@ WHERE run_id = $rid AND block_hash IS NOT NULL GROUP BY block_hash ORDER BY last
 """
 _HASH_DEAD_SQL: Final[str] = "SELECT h FROM kv_hash_last WHERE last_seq > $lo AND last_seq <= $hi"
 
-#: The most content-hash entries one run's pass held at once in the last ``build`` (live
-#: hashes and those not yet collected): what the hash table's size follows.
+#: The most a run's pass held at once in the last ``build``: content-hash entries (live hashes
+#: and those not yet collected), what the hash table's size follows; claim instances (those a
+#: later event can reach and the younger ones an older reachable one keeps), what the slot and
+#: instance tables' sizes follow.
 HELD: dict[str, int] = {"hashes": 0, "instances": 0}
 
 _LABEL_DICT = pa.array(["", *(LABEL_NAMES[i] for i in range(1, 6))], pa.string())
