@@ -21,10 +21,14 @@ applies every event and emits:
 The rule table is ONE function, :func:`rule`; everything else here only maintains the state it
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
-NOTE: memory is the run's state (a few int64 per block, hash, slot and instance: the slot and
-instance tables cover every claim of the run from its start, so they grow with its length) plus
-one window of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to
-DuckDB (which spills them) in one INSERT per table each time that many are held, and at the end.
+NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
+of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
+spills them) in one INSERT per table each time that many are held, and at the end. The hashes
+held are those resident, or bound and named by a later event of the run (``kv_hash_last``, one
+DuckDB aggregate per run): a bound hash no later event names is forgotten with its bindings once
+it has no copy. The slot and instance tables hold an instance from its claim_seq until no
+later event can reach it (``_Run.enter`` / ``_Run.leave``); the instances' facts (a few columns
+each) are read once per run and still grow with its length.
 NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
 window that holds them (predicates are judged at step ends).
 """
@@ -201,7 +205,10 @@ def rule(seq: int, unknown_from: int, submitted: bool, accepted_seq: int, releas
 # block state columns
 B_HASH, B_REF, B_LAST_KIND, B_LAST_HASH, B_LAST_HASH_OK, B_LAST_SEQ, B_ID = range(7)
 # hash state columns
-H_COPIES, H_EVC, H_SOFT, H_RESID, H_HEAD, H_LEN = range(6)
+H_COPIES, H_EVC, H_SOFT, H_RESID, H_HEAD, H_LEN, H_DEAD = range(7)
+NH = 7
+# NOTE: H_DEAD: no event of the run names the hash after the window the pass has finished
+# (``_Run.forget``): once it also has no copy, nothing can read its state or its bindings again
 # slot columns
 S_HASH, S_NEXT, S_PREV, S_INST, S_POS = range(5)
 # instance state columns
@@ -284,6 +291,27 @@ def hash_index(keys: np.ndarray, vals: np.ndarray, hused: np.ndarray, h: np.uint
 
 
 @numba.njit(cache=True)
+def _find(keys: np.ndarray, vals: np.ndarray, h: np.uint64) -> int:
+    """Dense index of content hash ``h``, -1 when the table does not hold it (nothing added)."""
+    mask = keys.shape[0] - 1
+    i = _home(h, mask)
+    while vals[i] >= 0:
+        if keys[i] == h:
+            return vals[i]
+        i = (i + 1) & mask
+    return -1
+
+
+@numba.njit(cache=True)
+def _mark_dead(keys: np.ndarray, vals: np.ndarray, HS: np.ndarray, hashes: np.ndarray) -> None:
+    """Mark ``hashes`` (none named by a later event of the run) dead where the table holds them."""
+    for j in range(hashes.shape[0]):
+        v = _find(keys, vals, hashes[j])
+        if v >= 0:
+            HS[v, H_DEAD] = 1
+
+
+@numba.njit(cache=True)
 def _room(hkeys: np.ndarray, hused: np.ndarray, HS: np.ndarray, need: int) -> bool:
     """Whether ``need`` new hashes fit in the table (half empty at most) and in ``HS``."""
     return (2 * (hused[0] - hused[1] + need) <= hkeys.shape[0]
@@ -291,19 +319,43 @@ def _room(hkeys: np.ndarray, hused: np.ndarray, HS: np.ndarray, need: int) -> bo
 
 
 @numba.njit(cache=True)
-def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray):
+def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.ndarray,
+             SL: np.ndarray, BS: np.ndarray):
     """A new hash table for the live hashes only; the indices of the others become free.
 
     NOTE: a hash with no copy, no binding and no in-force coverage has all-zero state: it can
-    be forgotten and re-entered fresh when it shows up again. This keeps memory proportional
-    to the content resident or bound, not to every hash the run ever saw. A live hash keeps
-    its index, so nothing that refers to it (blocks, slots) is rewritten: a rebuild costs
-    O(table + indices), and leaves room for as many new hashes as are live (amortized O(1))."""
+    be forgotten and re-entered fresh when it shows up again. A *dead* hash (``H_DEAD``: no
+    later event of the run names it) with no copy is forgotten with its bindings: its slots
+    are unlinked (``S_HASH`` -1, as if never bound), since no loss, copy or binding can reach
+    them through it again; a block whose last cached content it is (an eviction without a
+    hash reads that) keeps it. This keeps memory proportional to the content resident, bound
+    and named again later, not to every hash the run ever saw or bound. A live hash keeps its
+    index, so nothing that refers to it (blocks, slots) is rewritten: a rebuild costs
+    O(table + indices + blocks), and leaves room for as many new hashes as are live
+    (amortized O(1))."""
     n_old = hused[0]
     live = np.zeros(n_old, dtype=np.bool_)
     for i in range(n_old):
-        live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
-                   or HS[i, H_RESID] != 0 or HS[i, H_EVC] != 0)
+        live[i] = (HS[i, H_COPIES] != 0 or HS[i, H_EVC] != 0
+                   or (HS[i, H_DEAD] == 0 and (HS[i, H_LEN] != 0 or HS[i, H_SOFT] != 0
+                                               or HS[i, H_RESID] != 0)))
+    for b in range(BS.shape[0]):
+        if BS[b, B_LAST_KIND] == 1 and BS[b, B_LAST_HASH_OK] == 1:
+            v = _find(hkeys, hvals, np.uint64(BS[b, B_LAST_HASH]))
+            if v >= 0:
+                live[v] = True
+    for i in range(n_old):
+        if not live[i] and HS[i, H_LEN] != 0:
+            s = HS[i, H_HEAD]
+            while s >= 0:
+                nx = SL[s, S_NEXT]
+                SL[s, S_HASH] = -1
+                SL[s, S_NEXT] = -1
+                SL[s, S_PREV] = -1
+                s = nx
+        if not live[i]:   # a free index starts from the all-zero state
+            HS[i, :] = 0
+            HS[i, H_HEAD] = -1
     n_live = int(live.sum())
     cap = 1024
     while cap < 4 * (n_live + 16):
@@ -322,7 +374,7 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
     rows = max(HS.shape[0], 2 * n_live + 32)
     hs = HS
     if rows > HS.shape[0]:
-        hs = np.zeros((rows, 6), dtype=HS.dtype)
+        hs = np.zeros((rows, NH), dtype=HS.dtype)
         hs[:, H_HEAD] = -1
         hs[:HS.shape[0]] = HS
     used = np.zeros(2 + rows, dtype=hused.dtype)
@@ -626,7 +678,7 @@ def _pass(seq: np.ndarray, step: np.ndarray, step_ok: np.ndarray, ev: np.ndarray
         s = seq[i]
         # room for the (at most 3) hashes this event may add
         if not _room(hkeys, hused, HS, 3):
-            hkeys, hvals, hused, HS = _rebuild(hkeys, hvals, hused, HS)
+            hkeys, hvals, hused, HS = _rebuild(hkeys, hvals, hused, HS, SL, BS)
         # capacity for the worst case of this event
         if e == EV_RESET:
             need = C[C_NSLOTS] + nb + 1
@@ -982,10 +1034,11 @@ _MASKED: Final[dict[str, Callable[[str], bool]]] = {
 }
 # Rows of pass outputs held before they go to DuckDB in one INSERT per table.
 FLUSH_ROWS: Final[int] = 500_000
-# Claim instances whose slots are filled at once when a run's slot table is built.
+# Claim instances whose slots are filled at once when they enter the slot table.
 SLOT_FILL_INSTANCES: Final[int] = 1 << 20
 
-# NOTE: only for a connection whose events are not in files (core.reconstruct on a table)
+# NOTE: only for a connection whose events are not in files (core.reconstruct on a table,
+# which holds them in memory already)
 _RUN_SQL: Final[str] = (f"SELECT {', '.join(PASS_COLUMNS)} FROM events WHERE run_id = $rid "
                         "ORDER BY seq")
 
@@ -1041,11 +1094,29 @@ SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_m
        coalesce(f.release_seq, -1) AS rel, f.release_event,
        coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq,
        coalesce(f.pinned_mode, false) AS pinned,
-       f.tenant, f.k AS k_declared, f.accepted_seq, f.release_seq
+       f.tenant, f.k AS k_declared, f.accepted_seq, f.release_seq,
+       coalesce(l.last_ev, f.claim_seq) AS last_ev
 FROM kv_claim_facts f
 LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
+LEFT JOIN (SELECT claim_seq, max(seq) AS last_ev FROM kv_claim_ev WHERE run_id = $rid
+           GROUP BY claim_seq) l ON l.claim_seq = f.claim_seq
 WHERE f.run_id = $rid ORDER BY f.claim_seq
 """
+
+# Each content hash of a run with the seq of the last event that names it, in that order: the
+# pass marks a hash dead once its windows are past that seq (``_Run.forget``).
+_HASH_LAST_SQL: Final[str] = """
+CREATE OR REPLACE TEMP TABLE kv_hash_last AS
+SELECT block_hash AS h, max(seq) AS last_seq FROM events
+WHERE run_id = $rid AND block_hash IS NOT NULL GROUP BY block_hash ORDER BY last_seq
+"""
+_HASH_DEAD_SQL: Final[str] = "SELECT h FROM kv_hash_last WHERE last_seq > $lo AND last_seq <= $hi"
+
+#: The most a run's pass held at once in the last ``build``: content-hash entries (live hashes
+#: and those not yet collected), what the hash table's size follows; claim instances (those a
+#: later event can reach and the younger ones an older reachable one keeps), what the slot and
+#: instance tables' sizes follow.
+HELD: dict[str, int] = {"hashes": 0, "instances": 0}
 
 _LABEL_DICT = pa.array(["", *(LABEL_NAMES[i] for i in range(1, 6))], pa.string())
 
@@ -1080,6 +1151,9 @@ class _Run:
 
     def __init__(self, con: Any, rid: str, unknown_from: int | None) -> None:
         self.rid = rid
+        self.con = con
+        con.execute(_HASH_LAST_SQL, {"rid": rid})
+        self.named_to = -(1 << 62)   # hashes last named at or before this seq are marked dead
         self.unknown_from = -1 if unknown_from is None else int(unknown_from)
         facts = con.sql(_FACTS_SQL, params={"rid": rid}).to_arrow_table()
         self.fseq = facts.column("claim_seq").to_numpy().astype(np.int64)
@@ -1126,37 +1200,121 @@ class _Run:
         self.relkind = np.array(
             [REL_EXPIRY if r == "claim_expired" else (REL_RELAXATION if r else REL_NONE)
              for r in facts.column("release_event").to_pylist()], dtype=np.int64)
-        nslots = int(self.nsl.sum())
-        # NOTE: int32 (a run's slots and instances stay below 2**31): the slot table is the
-        # pass's largest state, one row per declared position of every claim of the run
-        self.SL = np.full((max(1, nslots), 5), -1, dtype=np.int32)
-        # NOTE: filled a chunk of instances at a time: whole-run int64 temporaries would
-        # briefly take four times the table itself
-        for i0 in range(0, ni, SLOT_FILL_INSTANCES):
-            i1 = min(ni, i0 + SLOT_FILL_INSTANCES)
-            s0, s1 = int(self.off[i0]), int(self.off[i1 - 1] + self.nsl[i1 - 1])
-            inst = np.repeat(np.arange(i0, i1, dtype=np.int64), self.nsl[i0:i1])
-            self.SL[s0:s1, S_INST] = inst
-            self.SL[s0:s1, S_POS] = np.arange(s0, s1, dtype=np.int64) - self.off[inst]
-        self.IS = np.zeros((max(1, ni), 9), dtype=np.int64)
-        self.IS[:, I_PRED_FROM] = -1
-        self.IS[:, I_BREAK] = -1
-        self.IS[:, I_MAT] = -1
-        self.IS[:, I_SEEN] = -1
-        self.IS[:, I_PROTPOS] = -1
+        self.last_ev = facts.column("last_ev").to_numpy().astype(np.int64)
+        # NOTE: the slot and instance tables hold the instances [ib, ihi) only, under local
+        # indices (instance i is row i - ib, its slots start at off[i] - sb): an instance
+        # enters when the pass reaches its claim_seq (``enter``) and leaves once no later
+        # event can reach it (``leave``), so they follow the instances live, not the run's
+        # length. int32 (a run's slots and instances stay below 2**31).
+        self.ib = self.ihi = self.sb = 0
+        self.SL = np.full((16, 5), -1, dtype=np.int32)
+        self.IS = self._new_instances(16)
         self.C = np.zeros(NC, dtype=np.int64)
         self.C[C_HOOK] = -1
-        self.C[C_NSLOTS] = nslots
-        self.prot = np.zeros(max(1, ni), dtype=np.int64)
-        self.dirty = np.zeros(max(1, ni), dtype=np.int64)
+        self.prot = np.zeros(16, dtype=np.int64)
+        self.dirty = np.zeros(16, dtype=np.int64)
         self.BS = np.zeros((0, 7), dtype=np.int64)
         self.block_map: dict[int, int] | None = None
         self.hkeys = np.zeros(1024, dtype=np.uint64)
         # NOTE: int32 (a run's live hashes stay below 2**31): the hash table and the per-hash
-        # state grow with the content resident or bound, the pass's largest state on long runs
+        # state follow the content resident, or bound and named again later (``forget``)
         self.hvals = np.full(1024, -1, dtype=np.int32)
         self.hused = np.zeros(2, dtype=np.int32)   # no free index before a rebuild
         self.HS = self._new_hashes(512)
+
+    @staticmethod
+    def _new_instances(n: int) -> np.ndarray:
+        table = np.zeros((n, 9), dtype=np.int64)
+        for col in (I_PRED_FROM, I_BREAK, I_MAT, I_SEEN, I_PROTPOS):
+            table[:, col] = -1
+        return table
+
+    def _slot_end(self, i: int) -> int:
+        """The global slot index after instance ``i - 1``'s slots (0 for ``i`` = 0)."""
+        return int(self.off[i - 1] + self.nsl[i - 1]) if i > 0 else 0
+
+    def enter(self, seq: int) -> None:
+        """Take in the instances whose claim_seq is at or before ``seq`` (no event before an
+        instance's claim_seq belongs to it)."""
+        ihi = int(np.searchsorted(self.fseq, seq, side="right"))
+        if ihi <= self.ihi:
+            return
+        n_inst, s_used = ihi - self.ib, self._slot_end(self.ihi) - self.sb
+        s_need = self._slot_end(ihi) - self.sb
+        if s_need > self.SL.shape[0]:
+            sl = np.full((max(s_need, 2 * self.SL.shape[0]), 5), -1, dtype=np.int32)
+            sl[:s_used] = self.SL[:s_used]
+            self.SL = sl
+        if n_inst <= self.IS.shape[0]:   # rows left behind by ``leave`` start afresh
+            self.IS[self.ihi - self.ib:n_inst] = self._new_instances(1)
+        else:
+            cap = max(n_inst, 2 * self.IS.shape[0])
+            table = self._new_instances(cap)
+            table[:self.ihi - self.ib] = self.IS[:self.ihi - self.ib]
+            self.IS = table
+            for name in ("prot", "dirty"):
+                arr = np.zeros(cap, dtype=np.int64)
+                arr[:self.ihi - self.ib] = getattr(self, name)[:self.ihi - self.ib]
+                setattr(self, name, arr)
+        # NOTE: filled a chunk of instances at a time: int64 temporaries of many instances
+        # would briefly take four times the rows themselves
+        for i0 in range(self.ihi, ihi, SLOT_FILL_INSTANCES):
+            i1 = min(ihi, i0 + SLOT_FILL_INSTANCES)
+            s0, s1 = self._slot_end(i0) - self.sb, self._slot_end(i1) - self.sb
+            inst = np.repeat(np.arange(i0, i1, dtype=np.int64), self.nsl[i0:i1])
+            self.SL[s0:s1] = -1
+            self.SL[s0:s1, S_INST] = inst - self.ib
+            self.SL[s0:s1, S_POS] = np.arange(s0, s1, dtype=np.int64) + self.sb - self.off[inst]
+        self.ihi = ihi
+        self.C[C_NSLOTS] = s_need
+        HELD["instances"] = max(HELD["instances"], n_inst)
+
+    def leave(self, seq: int, sink: _Sink) -> None:
+        """Let go of the oldest instances no event after ``seq`` can reach: none of their own
+        claim events is later, no slot of theirs is bound to a hash held, and their predicate
+        does not hold (so it cannot hold again, nor materialize)."""
+        n = self.ihi - self.ib
+        if n == 0:
+            return
+        linked = np.zeros(self._slot_end(self.ihi) - self.sb + 1, dtype=np.int64)
+        np.cumsum(self.SL[:linked.size - 1, S_HASH] >= 0, out=linked[1:])
+        first = self.off[self.ib:self.ihi] - self.sb
+        counts = linked[first + self.nsl[self.ib:self.ihi]] - linked[first]
+        # NOTE: strictly before ``seq``: the next window may repeat the seq it ended at
+        gone = ((self.last_ev[self.ib:self.ihi] < seq) & (counts == 0)
+                & (self.IS[:n, I_PRED] == 0))
+        di = n if gone.all() else int(np.argmin(gone))
+        if di == 0:
+            return
+        sink.late_of(self, self.ib, self.ib + di)
+        ds = self._slot_end(self.ib + di) - self.sb
+        s_used = self._slot_end(self.ihi) - self.sb
+        self.SL[:s_used - ds] = self.SL[ds:s_used]
+        self.SL[:s_used - ds, S_INST] -= di
+        for col in (S_NEXT, S_PREV):
+            links = self.SL[:s_used - ds, col]
+            links[links >= 0] -= ds
+        heads = self.HS[:self.hused[0], H_HEAD]
+        heads[heads >= 0] -= ds
+        self.IS[:n - di] = self.IS[di:n]
+        self.prot[:self.C[C_NPROT]] -= di
+        self.ib += di
+        self.sb += ds
+        self.C[C_NSLOTS] = s_used - ds
+
+    def forget(self, seq: int) -> None:
+        """Mark dead the hashes no event after ``seq`` names (the pass is past ``seq``); the
+        next rebuild of the hash table forgets those without a copy, with their bindings."""
+        dead = self.con.sql(_HASH_DEAD_SQL, params={"lo": self.named_to, "hi": seq}) \
+            .to_arrow_table().column("h").to_numpy().astype(np.uint64)
+        self.named_to = seq
+        if dead.size:
+            _mark_dead(self.hkeys, self.hvals, self.HS, dead)
+        HELD["hashes"] = max(HELD["hashes"], int(self.hused[0] - self.hused[1]))
+
+    def close(self) -> None:
+        """Drop the run's hash table of last seqs."""
+        self.con.execute("DROP TABLE IF EXISTS kv_hash_last")
 
     def codes(self, claim_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """The codes of ``claim_ids`` (their places in ``ids``); -1 for an id not in the run's
@@ -1166,7 +1324,7 @@ class _Run:
 
     @staticmethod
     def _new_hashes(n: int) -> np.ndarray:
-        hs = np.zeros((n, 6), dtype=np.int32)
+        hs = np.zeros((n, NH), dtype=np.int32)
         hs[:, H_HEAD] = -1
         return hs
 
@@ -1243,13 +1401,18 @@ class _Sink:
 
     def end_run(self, run: _Run) -> None:
         """Note the pending instances of the run that materialized later in it."""
-        n = len(run.fseq)
-        late = np.flatnonzero(self.pending & (run.IS[:n, I_MAT] >= 0))
+        self.late_of(run, run.ib, run.ihi)
+
+    def late_of(self, run: _Run, i0: int, i1: int) -> None:
+        """Note the pending instances among ``[i0, i1)`` (held by ``run``: their state is final
+        or the run ends) that materialized after their first loss_claims row was written."""
+        late = i0 + np.flatnonzero(self.pending[i0:i1]
+                                   & (run.IS[i0 - run.ib:i1 - run.ib, I_MAT] >= 0))
         if late.size:
             self.late.append(pa.table({
                 "run_id": pa.array([run.rid] * late.size, pa.string()),
                 "claim_seq": pa.array(run.fseq[late]),
-                "materialized_seq": pa.array(run.IS[late, I_MAT])}))
+                "materialized_seq": pa.array(run.IS[late - run.ib, I_MAT])}))
 
     def close(self) -> None:
         """Hand over what is held, then set the late materializations."""
@@ -1392,15 +1555,28 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         ind, iok = _np(enc.indices, np.int64)
         code = np.where(iok, lut[ind], -1)
     inst_of = _instances(seq, ev, code, run.cur, run.fseq, run.rej, run.prev_live)
+    run.enter(int(seq[-1]))
+    ib, ihi = run.ib, run.ihi
+    if bool(((inst_of >= 0) & (inst_of < ib)).any()):   # ``leave`` let go of it: a bug
+        raise RuntimeError(f"run {run.rid}: an event belongs to an instance already let go")
+    inst_of = np.where(inst_of >= 0, inst_of - ib, -1)
     bidx = run.blocks(bid, bok)
     owner = _owners(t)
     t0 = time.perf_counter()
     L, P, A, AL, R, W, M, PH, X, Y, run.hkeys, run.hvals, run.hused, run.HS = _pass(
         seq, step, step_ok, ev, bidx, bid, hbits, hok, inst_of, pos, owner,
         run.hkeys, run.hvals, run.hused, run.BS, run.HS, run.SL, run.IS, run.C, run.prot,
-        run.dirty, run.k, run.off, run.nsl, run.mode, run.submitted, run.acc, run.rel,
-        run.relkind, run.rank, run.border(), run.unknown_from)
+        run.dirty, run.k[ib:ihi], run.off[ib:ihi] - run.sb, run.nsl[ib:ihi],
+        run.mode[ib:ihi], run.submitted[ib:ihi], run.acc[ib:ihi], run.rel[ib:ihi],
+        run.relkind[ib:ihi], run.rank[ib:ihi], run.border(), run.unknown_from)
     TIMINGS["loop"] += time.perf_counter() - t0
+    # the pass's instance indices are local (row - ib); from here on they are the run's
+    P[:, P_INST] += ib
+    R[:, 0] += ib
+    M[:, 0] += ib
+    Y[:, 1] += ib
+    AL += ib
+    L[:, L_DINST] = np.where(L[:, L_DINST] >= 0, L[:, L_DINST] + ib, -1)
     rid = run.rid
     nl, npair = L.shape[0], P.shape[0]
     ts = t.column("ts_ns").combine_chunks()
@@ -1474,7 +1650,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         facts = run.pair_facts
         # NOTE: an instance materializes once (I_MAT never changes after): one not yet
         # materialized at the end of this window gets its seq when the run ends (_Sink.close)
-        mat = run.IS[pair_inst, I_MAT]
+        mat = run.IS[pair_inst - ib, I_MAT]
         known = mat >= 0
         sink.pending[pair_inst[~known]] = True
         before, after = P[:, P_BEFORE] == 1, P[:, P_AFTER] == 1
@@ -1570,13 +1746,13 @@ def _finish(run: _Run, sink: _Sink) -> None:
     """Open predicate intervals end with the run (to_seq NULL); late materializations are
     noted for ``loss_claims``."""
     sink.end_run(run)
-    open_ = np.flatnonzero(run.IS[:len(run.fseq), I_PRED] == 1)
+    open_ = run.ib + np.flatnonzero(run.IS[:run.ihi - run.ib, I_PRED] == 1)
     if open_.size:
         sink.add("kv_pred", pa.table({
             "run_id": _const(run.rid, open_.size),
             "claim_id": run.fclaim.take(pa.array(open_)),
             "claim_seq": pa.array(run.fseq[open_]),
-            "from_seq": pa.array(run.IS[open_, I_PRED_FROM]),
+            "from_seq": pa.array(run.IS[open_ - run.ib, I_PRED_FROM]),
             "to_seq": pa.nulls(open_.size, pa.int64())}))
 
 
@@ -1601,22 +1777,30 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
         "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
     con.execute("SET preserve_insertion_order = true")
     sink = _Sink(con)
+    HELD["hashes"] = HELD["instances"] = 0
     try:
         for rid, unknown_from in runs:
             run = _Run(con, rid, unknown_from)
             sink.start_run(run)
+            # NOTE: without files, the run's events are fetched whole (they are an in-memory
+            # table then): an open reader would block the queries the pass makes per window
             batches = (sources(rid) if sources is not None else
-                       con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_reader(1 << 16))
+                       con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_table()
+                       .to_batches(min(window, 1 << 16)))
             for t in _timed(_windows(batches, window), "input"):
                 s = t.column("seq").to_numpy()
                 if t.num_rows > 1 and not bool(np.all(s[1:] >= s[:-1])):
                     raise ValueError(f"run {rid}: events not in seq order")
                 t0 = time.perf_counter()
                 _window(run, sink, t)
+                # NOTE: up to the seq before the window's last: the next window may repeat it
+                run.forget(int(s[-1]) - 1)
+                run.leave(int(s[-1]), sink)
                 TIMINGS["window"] += time.perf_counter() - t0
                 if progress is not None:
                     progress(t.num_rows)
             _finish(run, sink)
+            run.close()
         sink.close()
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")
