@@ -266,40 +266,42 @@ def _home(h: np.uint64, mask: int) -> int:
 
 
 @numba.njit(cache=True)
+def _slot(keys: np.ndarray, vals: np.ndarray, h: np.uint64) -> int:
+    """The table entry of content hash ``h``: where it is, or the empty entry (``vals`` < 0)
+    where it would go (open addressing, linear probing; the table is never full)."""
+    mask = keys.shape[0] - 1
+    i = _home(h, mask)
+    while vals[i] >= 0 and keys[i] != h:
+        i = (i + 1) & mask
+    return i
+
+
+@numba.njit(cache=True)
 def hash_index(keys: np.ndarray, vals: np.ndarray, hused: np.ndarray, h: np.uint64) -> int:
-    """Dense index of content hash ``h`` (open addressing; the table is never full).
+    """Dense index of content hash ``h``, added if the table does not hold it yet.
 
     ``hused``: [indices handed out so far, free indices n_free, the free indices...]; a new
     hash takes a free index first."""
-    mask = keys.shape[0] - 1
-    i = _home(h, mask)
-    while True:
-        v = vals[i]
-        if v < 0:
-            if hused[1] > 0:
-                hused[1] -= 1
-                v = hused[2 + hused[1]]
-            else:
-                v = hused[0]
-                hused[0] += 1
-            keys[i] = h
-            vals[i] = v
-            return v
-        if keys[i] == h:
-            return v
-        i = (i + 1) & mask
+    i = _slot(keys, vals, h)
+    v = vals[i]
+    if v >= 0:
+        return v
+    if hused[1] > 0:
+        hused[1] -= 1
+        v = hused[2 + hused[1]]
+    else:
+        v = hused[0]
+        hused[0] += 1
+    keys[i] = h
+    vals[i] = v
+    return v
 
 
 @numba.njit(cache=True)
 def _find(keys: np.ndarray, vals: np.ndarray, h: np.uint64) -> int:
     """Dense index of content hash ``h``, -1 when the table does not hold it (nothing added)."""
-    mask = keys.shape[0] - 1
-    i = _home(h, mask)
-    while vals[i] >= 0:
-        if keys[i] == h:
-            return vals[i]
-        i = (i + 1) & mask
-    return -1
+    v = vals[_slot(keys, vals, h)]
+    return v if v >= 0 else -1
 
 
 @numba.njit(cache=True)
@@ -362,13 +364,10 @@ def _rebuild(hkeys: np.ndarray, hvals: np.ndarray, hused: np.ndarray, HS: np.nda
         cap *= 2
     keys = np.zeros(cap, dtype=np.uint64)
     vals = np.full(cap, -1, dtype=hvals.dtype)
-    mask = cap - 1
     for j in range(hkeys.shape[0]):
         v = hvals[j]
         if v >= 0 and live[v]:
-            i = _home(hkeys[j], mask)
-            while vals[i] >= 0:
-                i = (i + 1) & mask
+            i = _slot(keys, vals, hkeys[j])   # an empty entry: the old table's keys are unique
             keys[i] = hkeys[j]
             vals[i] = v
     rows = max(HS.shape[0], 2 * n_live + 32)
