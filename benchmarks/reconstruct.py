@@ -404,6 +404,7 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
         prev = c
     stages_cpu["write"] = round(cpu0 + cpu_e2e - prev, 2)
     pass_parts = {k: round(v, 2) for k, v in labels.TIMINGS.items()}
+    held = dict(labels.HELD)   # the measured audit's pass (the last build in this process)
     py_n, py_t, py_cpu, replayed = replay_runs(paths, python_events)
     checked, mismatches = cross_check(tables.con, replayed)
     counts = dict(tables.con.sql(
@@ -419,7 +420,7 @@ def run_one(shape: str, events: int, memory_limit: str, python_events: int,
         "py_cpu_s": py_cpu, "runs_replayed": len(replayed),
         "label_s": marks["04_labels.sql"] - start, "all_s": t_all - start,
         "e2e_s": t_written - start, "e2e_cpu_s": cpu_e2e, "write_s": t_written - t_all,
-        "rss_mib": rss, "rss_gen_mib": rss_gen, "gen_s": t_gen, "reused": reused,
+        "rss_mib": rss, "rss_gen_mib": rss_gen, "held": held, "gen_s": t_gen, "reused": reused,
         "py_events": py_n, "py_s": py_t,
         "checked": checked, "mismatches": mismatches[:5],
         "n_mismatches": len(mismatches), "labels": counts, "loss_claims": pairs,
@@ -511,6 +512,8 @@ def fmt(r: dict[str, Any]) -> list[str]:
         f"  peak RSS                     {r['rss_mib']:,.0f} MiB "
         f"(before reading, after a 20 k-event warm-up audit: {r['rss_gen_mib']:,.0f} MiB; "
         "generated in a child process)",
+        f"  pass held, most at once      {r['held']['hashes']:,} content hashes, "
+        f"{r['held']['instances']:,} claim instances (labels.HELD)",
         "  labels check                 "
         + (f"OK: {r['checked']:,} losses agree" if not r["n_mismatches"] else
            f"MISMATCH: {r['n_mismatches']:,} of {r['checked']:,}, e.g. {r['mismatches']}"),
