@@ -385,9 +385,10 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     Reads every run once, checked (``events`` is then a view over the runs' Parquet files: a
     sealed ``events.parquet`` where it was read whole, else a copy made during the read),
     reconstructs them in a temporary on-disk DuckDB database (memory bounded by
-    ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it) (or reuses every run's up-to-date ``reconstructed/*.parquet`` when
-    ``reuse``), adds ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views
-    and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
+    ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it; from
+    ``reconstruct.core.COMPACT_EVENTS`` events on, its tables are compressed in the database
+    file) (or reuses every run's up-to-date ``reconstructed/*.parquet`` when ``reuse``), adds
+    ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
     (no ``ts``, no views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each stage's
     name, and ``views``. ``utc`` adds the ``ts`` columns without the views (default: with
     them). Bad input raises ``InputError`` (one line, naming the file).
@@ -440,8 +441,11 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
             if progress is not None:
                 progress("reused reconstructed/")
         else:
+            # NOTE: a large input keeps its tables compressed in the database file
+            # (core.COMPACT_EVENTS): as TEMP tables they would spill uncompressed
             core.run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
-                            progress=progress, persist=False, sources=files)
+                            progress=progress, persist=n >= core.COMPACT_EVENTS,
+                            sources=files)
         _register_manifests(con, info)
         tables = _add_utc(con) if (views if utc is None else utc) else _shown(con)
 

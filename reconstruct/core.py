@@ -334,6 +334,13 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
     return pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA)
 
 
+# NOTE: at this many events or more an audit keeps every table in its database file, where
+# DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed: 10 M dense
+# events (memory_limit 1GB) left 1,043 MiB on disk as TEMP tables and 293 MiB as file tables,
+# for about 15 % more CPU (docs/reconstruction.md "Memory and disk").
+COMPACT_EVENTS: Final[int] = 200_000_000
+
+
 def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
                truncated_runs: set[str] | None = None,
                progress: Callable[[str], None] | None = None, persist: bool = True,
@@ -345,7 +352,9 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
 
     ``persist=False`` makes the reconstructed tables TEMP tables: same contents, but in a
     file-backed database they are not compressed and written to its file (they still spill
-    to ``temp_directory`` beyond ``memory_limit``).
+    to ``temp_directory`` beyond ``memory_limit``). ``persist=True`` makes every table the
+    stages create, their ``kv_*`` intermediates included, a table of the database file:
+    compressed as DuckDB writes it (``COMPACT_EVENTS``).
     """
     kv_manifest = manifest_table(manifests, truncated_runs)
     kv_policies = _policies_table()
@@ -371,9 +380,7 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
                 progress(stage)
             continue
         for stmt in split_statements(stage_sql(stage)):
-            if not persist:
-                stmt = stmt.replace("CREATE OR REPLACE TABLE ", "CREATE OR REPLACE TEMP TABLE ", 1)
-            con.execute(stmt)
+            con.execute(labels.persistence(stmt, persist))
         if progress is not None:
             progress(stage)
     return [r[0] for r in con.sql("SELECT run_id FROM kv_runs ORDER BY run_id").fetchall()]

@@ -1145,13 +1145,22 @@ def _opt(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
     return pa.array(values, type=typ, mask=None if valid.all() else ~valid)
 
 
+def persistence(stmt: str, persist: bool) -> str:
+    """``stmt`` creating its table as a table of the database file (``persist``: compressed as
+    DuckDB writes it) or as a TEMP table (spilled uncompressed beyond ``memory_limit``)."""
+    if persist:
+        return stmt.replace("CREATE OR REPLACE TEMP TABLE ", "CREATE OR REPLACE TABLE ", 1)
+    return stmt.replace("CREATE OR REPLACE TABLE ", "CREATE OR REPLACE TEMP TABLE ", 1)
+
+
 class _Run:
     """One run's state between windows."""
 
-    def __init__(self, con: Any, rid: str, unknown_from: int | None) -> None:
+    def __init__(self, con: Any, rid: str, unknown_from: int | None,
+                 persist: bool = False) -> None:
         self.rid = rid
         self.con = con
-        con.execute(_HASH_LAST_SQL, {"rid": rid})
+        con.execute(persistence(_HASH_LAST_SQL, persist), {"rid": rid})
         self.named_to = -(1 << 62)   # hashes last named at or before this seq are marked dead
         self.unknown_from = -1 if unknown_from is None else int(unknown_from)
         facts = con.sql(_FACTS_SQL, params={"rid": rid}).to_arrow_table()
@@ -1760,17 +1769,15 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
           persist: bool = False) -> None:
     """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); fill
     the tables listed in the module docstring (except ``losses``, which stage 04's SQL
-    selects from ``kv_losses``). ``loss_claims`` is a TEMP table unless ``persist``.
+    selects from ``kv_losses``). They are TEMP tables unless ``persist`` (``persistence``).
 
     ``sources(run_id)`` yields the run's events (loader schema, ``PASS_COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
     ``window``: rows passed at once (default ``WINDOW_ROWS``); the results never depend on it.
     """
     window = WINDOW_ROWS if window is None else window
-    for ddl in DDL:
-        con.execute(ddl)
-    con.execute(LOSS_CLAIMS_DDL if persist else
-                LOSS_CLAIMS_DDL.replace("CREATE OR REPLACE TABLE", "CREATE OR REPLACE TEMP TABLE"))
+    for ddl in (*DDL, LOSS_CLAIMS_DDL):
+        con.execute(persistence(ddl, persist))
     runs = con.execute("SELECT run_id, unknown_from_seq FROM kv_runs ORDER BY run_id").fetchall()
     keep_order = con.execute(
         "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
@@ -1779,7 +1786,7 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
     HELD["hashes"] = HELD["instances"] = 0
     try:
         for rid, unknown_from in runs:
-            run = _Run(con, rid, unknown_from)
+            run = _Run(con, rid, unknown_from, persist)
             sink.start_run(run)
             # NOTE: without files, the run's events are fetched whole (they are an in-memory
             # table then): an open reader would block the queries the pass makes per window

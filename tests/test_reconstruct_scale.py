@@ -59,6 +59,40 @@ def test_small_memory_limit_and_windows_equal_in_memory(run_dir: Path, tmp_path:
         assert _rows(small, name) == _rows(ref, name), name
 
 
+def _disk_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _temporary(audit: core.Tables, names: tuple[str, ...]) -> set[bool]:
+    return {t for (t,) in audit.con.execute(
+        "SELECT temporary FROM duckdb_tables() WHERE table_name IN "
+        f"({', '.join('?' * len(names))})", list(names)).fetchall()}
+
+
+COMPACTED = ("losses", "loss_claims", "kv_losses", "kv_claim_ev", "kv_claim_raw")
+
+
+def test_large_input_keeps_its_tables_compressed_in_the_database_file(
+        run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = open_audit([run_dir], memory_limit=MEMORY_LIMIT, temp_directory=tmp_path / "temp",
+                      threads=1, reuse=False, lock=False, views=False)
+    monkeypatch.setattr(core, "COMPACT_EVENTS", 1)   # this input counts as large
+    compact = open_audit([run_dir], memory_limit=MEMORY_LIMIT,
+                         temp_directory=tmp_path / "compact", threads=1, reuse=False,
+                         lock=False, views=False)
+    assert _temporary(compact, COMPACTED) == {False}
+    # the point: the same tables take less disk than TEMP tables spilled uncompressed
+    assert _disk_bytes(tmp_path / "compact") < _disk_bytes(tmp_path / "temp")
+    for name in (*core.TABLE_NAMES, "conformance"):
+        assert _rows(compact, name) == _rows(temp, name), name
+
+
+def test_small_input_keeps_temp_tables(run_dir: Path, tmp_path: Path) -> None:
+    audit = open_audit([run_dir], temp_directory=tmp_path / "spill", reuse=False, lock=False,
+                       views=False)
+    assert _temporary(audit, COMPACTED) == {True}
+
+
 # -- a hard cap, in a child process ---------------------------------------------------------------
 
 #: The child: reconstruct RUN_DIR under MEMORY_LIMIT ("-": DuckDB's default) with one thread,
