@@ -388,9 +388,10 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
     ``memory_limit``, e.g. ``"2GB"``; DuckDB spills to ``temp_directory`` beyond it; from
     ``reconstruct.core.COMPACT_EVENTS`` events on, its tables are compressed in the database
     file) (or reuses every run's up-to-date ``reconstructed/*.parquet`` when ``reuse``), adds
-    ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views and locks the connection down (``lock``). ``views=False`` leaves the bare reconstruction
-    (no ``ts``, no views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each stage's
-    name, and ``views``. ``utc`` adds the ``ts`` columns without the views (default: with
+    ``ts`` (UTC) to every table with ``ts_ns``, creates the documented views and locks the
+    connection down (``lock``). ``views=False`` leaves the bare reconstruction (no ``ts``, no
+    views: benchmarks and table-for-table comparisons). ``progress`` is told ``read``, each
+    stage's name, and ``views``. ``utc`` adds the ``ts`` columns without the views (default: with
     them). Bad input raises ``InputError`` (one line, naming the file).
 
     A fleet dataset's tables are views over its Parquet files (nothing is reconstructed);
