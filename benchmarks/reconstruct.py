@@ -696,5 +696,6 @@ def growth_rows(by_size: list[list[dict[str, Any]]]) -> list[list[str]]:
                          "met" if ok else f"MISSED by {per_event / TARGET_GROWTH:.2f}x"])
     return rows
 
+
 if __name__ == "__main__":
     sys.exit(main())
