@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="events the plain-Python replay runs on (its rate is per event)")
     ap.add_argument("--out-of-core", action="store_true",
                     help="opt-in: 1 B dense events, memory_limit 2GB (hours of both cores; "
-                         "11 GB of traces, and the audit's folder held up to 33 GB)")
+                         "11 GB of traces; the audit's disk: benchmarks/audit_disk.py)")
     ap.add_argument("--work", metavar="DIR", help="work directory (default: a temporary one)")
     ap.add_argument("--traces", metavar="DIR",
                     help="keep the generated traces in DIR and reuse them in later runs of the "

@@ -335,9 +335,8 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
 
 
 # NOTE: at this many events or more an audit keeps every table in its database file, where
-# DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed: 10 M dense
-# events (memory_limit 1GB) left 894-1,043 MiB on disk as TEMP tables and 293-389 MiB as file
-# tables, for 7-15 % more CPU (docs/reconstruction.md "Memory and disk").
+# DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed
+# (benchmarks/audit_disk.py: on 10 M dense events the audit's folder held about a third).
 COMPACT_EVENTS: Final[int] = 200_000_000
 
 
