@@ -150,7 +150,13 @@ LEFT JOIN alloc_stepless x
      AND x.seq > a.adm_seq
 GROUP BY a.run_id, a.request_id, a.adm_seq;
 
-CREATE OR REPLACE TABLE feasibility AS
+-- The decisions with their rebuilt and reported figures, in no order (kv_feasibility_rows);
+-- then feasibility, the same rows sorted.
+-- NOTE: two statements: sorting the rows in the statement that joins them held the joins'
+-- hash tables (the pass's snapshot carries a list of protecting claims per decision) and the
+-- sort's rows at once, and ran out of memory_limit at 1 B events (at 100 M under 400MB).
+-- Sorted on their own, the rows spill.
+CREATE OR REPLACE TEMP TABLE kv_feasibility_rows AS
 WITH prompt AS (
     SELECT e.run_id, e.request_id,
            arg_min(e.num_prompt_tokens, e.seq) AS num_prompt_tokens
@@ -231,5 +237,9 @@ SELECT run_id, seq, ts_ns, step, request_id, event, replace(event, 'request_', '
        runtime_required_blocks AS blocks_required,
        runtime_shortfall_blocks AS reported_shortfall_blocks,
        policy, enforcing
-FROM g
-ORDER BY run_id, seq;
+FROM g;
+
+CREATE OR REPLACE TABLE feasibility AS
+SELECT * FROM kv_feasibility_rows ORDER BY run_id, seq;
+
+DROP TABLE kv_feasibility_rows;

@@ -166,7 +166,10 @@ SELECT d.*, c.decision_seq, c.protected_blocks, c.live_blocks, c.required_blocks
 FROM dem d
 LEFT JOIN cand c ON c.run_id = d.run_id AND c.seq = d.seq AND c.rn = 1;
 
-CREATE OR REPLACE TABLE findings AS
+-- Every finding, in no order (kv_findings_rows); then findings, the same rows sorted.
+-- NOTE: two statements, as for feasibility (05_feasibility.sql): the sort on its own spills,
+-- beside the union's joins it ran out of memory_limit (100 M events under 400MB).
+CREATE OR REPLACE TEMP TABLE kv_findings_rows AS
 WITH f AS (
     -- holes ---------------------------------------------------------------------------------
     -- NOTE: the hole starts at the first seq of the scheduler step the gap falls in (stage 01)
@@ -638,7 +641,11 @@ SELECT f.run_id, f.kind, f.severity, f.seq, f.seqs, f.claim_id, f.claim_seq, f.r
                                     coalesce(r.hook_failed_hook, '?'), r.hook_failed_seq)
             ELSE f.detail END AS detail
 FROM f
-LEFT JOIN kv_runs r ON r.run_id = f.run_id
+LEFT JOIN kv_runs r ON r.run_id = f.run_id;
+
+CREATE OR REPLACE TABLE findings AS
+SELECT * FROM kv_findings_rows
 -- NOTE: block_hash and detail only break ties (e.g. several blocks lost at one reset)
-ORDER BY f.run_id, f.seq NULLS LAST, f.kind, f.claim_id, f.claim_seq, f.request_id,
-         f.block_hash, f.detail;
+ORDER BY run_id, seq NULLS LAST, kind, claim_id, claim_seq, request_id, block_hash, detail;
+
+DROP TABLE kv_findings_rows;

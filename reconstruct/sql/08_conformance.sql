@@ -33,6 +33,10 @@ SELECT * FROM (VALUES
 -- Statement 2: the verdicts from it: conformance.
 -- NOTE: two statements, so that the many intermediate relations of the first are gone before
 -- the second runs (one statement held them all at once and ran out of a 1 GB memory_limit).
+-- NOTE: the per-(run, check) results of statement 1 (raw, failed and the evidence aggregates)
+-- are MATERIALIZED: each is computed on its own and kept (a few rows per run and check)
+-- before the final join; inlined, their aggregates over millions of evidence rows ran at
+-- once and ran out of memory_limit (100 M events under 400MB).
 CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
 WITH fk AS (
     -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
@@ -47,7 +51,7 @@ WITH fk AS (
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
     FROM fails f JOIN fk k ON k.kind = f.kind
-), failed AS (
+), failed AS MATERIALIZED (
     -- each (run, check) that failing findings fail, with their kinds and how many of each
     -- ('kind xN, ...', by kind); their seqs and claim instances stay rows of finding_fails
     -- NOTE: one aggregate of finding_fails, joined on (run, check): not one correlated
@@ -257,7 +261,7 @@ WITH fk AS (
           UNION ALL
           SELECT run_id, 0, 0, 0, count(*) FROM lit_unmat GROUP BY run_id)
     GROUP BY run_id
-), raw AS (
+), raw AS MATERIALIZED (
     -- Each check: exercised (its situation occurred) and a detail line for a pass. The seqs
     -- and claim instances of its evidence are rows: fail_rows, pass_rows, claim_rows below.
     SELECT r.run_id, t.check_name,
@@ -527,7 +531,7 @@ WITH fk AS (
     SELECT run_id, {check.LIT_thresholded_value}, claim_seq FROM lit_value
     UNION ALL
     SELECT run_id, {check.LIT_materialization_failure}, claim_seq FROM lit_unmat
-), fail_evidence AS (
+), fail_evidence AS MATERIALIZED (
     -- per (run, check): its failing seqs (the failing findings' and its own, each once): how
     -- many, the first, and the smallest /*@EVIDENCE_MAX@*/ ascending
     -- NOTE: min(seq, n) keeps n values per group (a top-n), a list of every seq would hold
@@ -541,14 +545,14 @@ WITH fk AS (
 ), own_failed AS (
     -- each (run, check) whose own failing condition holds (with or without a seq)
     SELECT DISTINCT run_id, check_name FROM fail_rows
-), pass_evidence AS (
+), pass_evidence AS MATERIALIZED (
     -- per (run, check): the seqs that show what it exercised, each once: how many, the last,
     -- and the smallest /*@EVIDENCE_MAX@*/ ascending
     SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
            list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
     FROM (SELECT DISTINCT run_id, check_name, seq FROM pass_rows WHERE seq IS NOT NULL)
     GROUP BY run_id, check_name
-), evidence_claims AS (
+), evidence_claims AS MATERIALIZED (
     -- the claim instances of each (run, check)'s evidence, per side (failing: those its
     -- failing findings name; else those the check judged): how many, and the
     -- /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
