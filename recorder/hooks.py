@@ -99,11 +99,13 @@ def hits_mirrored(manager: Any) -> bool:
     NOTE: the arbiter's copies of a watched key are learned from the index itself at watch
     start (``cached_blocks``) and then from every insert the hooks see (``cache_full_blocks``,
     ``move_block_hashes``) and every removal (the index's ``pop``; a reset loses them all), so
-    they include every block the index holds for the key. That covers a hit only where vLLM
-    inserts group-0 keys through those methods alone and hands out hits it has touched
-    before allocating: group 0 managed by plain ``FullAttentionManager`` (no longer hit kept
-    untouched, no partial-block entries, which need hash blocks finer than the cache block),
-    and the index layout ``cached_blocks`` reads exactly. Anything else: False.
+    short of a recorded ``hook_failed`` they include every block the index holds for the key.
+    That covers a hit only where vLLM inserts group-0 keys through those methods alone and
+    touches every hit block before allocating: group 0 managed by plain
+    ``FullAttentionManager`` (not a manager that keeps a longer hit than it touches, and no
+    partial-block entries, which ``cache_partial_block`` inserts past the hooks and which
+    need hash blocks finer than the cache block), and the index layout ``cached_blocks``
+    reads exactly (another one yields a single copy). Anything else: False.
     """
     try:
         from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
