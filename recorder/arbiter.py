@@ -193,6 +193,7 @@ class ClaimArbiter:
         self._pinned: dict[int, tuple[Block, int]] = {}  # block_id -> (block, position)
         self._deferrals: dict[str, tuple[int, float]] = {}  # request -> (steps, since)
         self._soft_in_force: set[str] = set()
+        self._protecting: set[str] = set()  # in force, pinning their resident blocks
         # broken in this step, reported at its end (``end_of_step``; the dict is never rebound)
         self.broken: dict[Claim, Hashable] = {}
         # NOTE: plain attributes, not properties: the engine's hooks read them on every
@@ -204,6 +205,10 @@ class ClaimArbiter:
         self.deferrals: dict[str, tuple[int, float]] = self._deferrals
         self.has_soft_claims = False
         self.has_deadlines = False
+        # NOTE: False exactly while no watch has ``pinners`` (always under a policy that does
+        # not enforce): a block becoming a further copy of watched content is then pinned for
+        # nobody
+        self.has_protecting = False
         self._tenant_blocks: dict[str | None, int] = {}  # blocks claimed by protecting claims
 
     # ----------------------------------------------------------------- declarations
@@ -271,6 +276,8 @@ class ClaimArbiter:
             self._expiring[cid] = claim
         if mode == "soft_priority":
             self._soft_in_force.add(cid)
+        if claim.protects:
+            self._protecting.add(cid)
         self._update_flags()
         if self._would_protect(mode):
             self._tenant_blocks[decl.tenant] = self._tenant_blocks.get(decl.tenant, 0) + \
@@ -357,6 +364,7 @@ class ClaimArbiter:
         """Recompute the hot-path flags after a claim started or ended."""
         self.has_soft_claims = self.policy.enforce and bool(self._soft_in_force)
         self.has_deadlines = bool(self._expiring)
+        self.has_protecting = bool(self._protecting)
 
     def on_resident(self, block: Block, key: Hashable) -> None:
         """A block now holds reusable content (cached, or hit by a request)."""
@@ -377,9 +385,13 @@ class ClaimArbiter:
         by C-level passes and returns before the per-block loop.
         """
         watches = list(map(self._watched.get, keys))
-        if None not in watches and len(watches) == len(blocks) \
+        # NOTE: ``all(watches)``: no key unwatched (a ``_Watch`` is always true), a truth test
+        # per watch rather than an equality test against None; the pinners are read only
+        # while a claim protects (none has any otherwise)
+        protecting = self.has_protecting
+        if all(watches) and len(watches) == len(blocks) \
                 and all(map(is_, map(_WATCH_BLOCK, watches), blocks)) \
-                and not any(map(_WATCH_PINNERS, watches)):
+                and not (protecting and any(map(_WATCH_PINNERS, watches))):
             return
         tick = self._tick
         for block, watch in zip(blocks, watches):
@@ -408,7 +420,7 @@ class ClaimArbiter:
                             claim.gaps = gaps
                             if not gaps and not claim.materialized:
                                 self._check_materialized(claim)
-            if watch.pinners:
+            if protecting and watch.pinners:
                 for claim, position in watch.pinners:
                     self._pin(claim, block, position)
 
@@ -523,6 +535,7 @@ class ClaimArbiter:
         del self.claims[cid]
         self._expiring.pop(cid, None)
         self._soft_in_force.discard(cid)
+        self._protecting.discard(cid)
         self._update_flags()
         if self._would_protect(claim.mode):
             left = self._tenant_blocks.get(claim.decl.tenant, 0) - len(claim.hashes)

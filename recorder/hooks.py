@@ -92,6 +92,35 @@ def cached_blocks(pool: Any, key: bytes) -> Iterable[Any]:
     return list(found.values()) if isinstance(found, dict) else (found,)
 
 
+def hits_mirrored(manager: Any) -> bool:
+    """Whether every block a request's prefix-cache hit returns is already known to the arbiter
+    as a copy of its content (so a hit can change nothing unless a claim pins).
+
+    NOTE: the arbiter's copies of a watched key are learned from the index itself at watch
+    start (``cached_blocks``) and then from every insert the hooks see (``cache_full_blocks``,
+    ``move_block_hashes``) and every removal (the index's ``pop``; a reset loses them all), so
+    short of a recorded ``hook_failed`` they include every block the index holds for the key.
+    That covers a hit only where vLLM inserts group-0 keys through those methods alone and
+    touches every hit block before allocating: group 0 managed by plain
+    ``FullAttentionManager`` (not a manager that keeps a longer hit than it touches, and no
+    partial-block entries, which ``cache_partial_block`` inserts past the hooks and which
+    need hash blocks finer than the cache block), and the index layout ``cached_blocks``
+    reads exactly (another one yields a single copy). Anything else: False.
+    """
+    try:
+        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return False
+    pool = manager.block_pool
+    managers = getattr(getattr(manager, "coordinator", None), "single_type_managers", ())
+    if not managers or type(managers[0]) is not FullAttentionManager:
+        return False
+    first = managers[0]
+    return (not getattr(first, "retains_longer_hit", True)
+            and getattr(pool, "hash_block_size", None) == getattr(first, "block_size", 0)
+            and isinstance(getattr(pool.cached_block_hash_to_block, "_cache", None), dict))
+
+
 class RecordingHashIndex:
     """Mixin over vLLM's ``BlockHashToBlockMap`` (the pool's prefix-cache index).
 
@@ -442,5 +471,6 @@ def install(scheduler: KVClaimsMixin) -> None:
     pool.kvc_null_id = null.block_id if null is not None else -1
     pool.kvc_hash = _hash_getter(type(null) if null is not None else object)
     manager.kvc_pool = pool
+    scheduler.kvc_hits_mirrored = hits_mirrored(manager)
     manager.kvc_admission_states = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
     pool.kvc_watch_index()

@@ -118,6 +118,8 @@ class KVClaimsMixin:
     # every override below passes straight through.
     kvc_ready: bool = False
     kvc_refusal_reason = REFUSAL_STOP_REASON
+    # set by ``hooks.install``: whether a hit can only name copies the arbiter knows
+    kvc_hits_mirrored: bool = False
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
@@ -345,9 +347,17 @@ class KVClaimsMixin:
             positions = range(len(hits))  # NOTE: the usual case: no per-block Python
         self.kvc_stage(("block_hit", len(ids), _now(), _HIT, request.request_id,
                         *ids, *keys, *positions))
-        watched = self.kvc_arbiter.watched
+        arbiter = self.kvc_arbiter
+        # NOTE: a hit block holds its key in vLLM's index (the manager touched it before this
+        # allocation evicted anything), and where ``kvc_hits_mirrored`` the arbiter already
+        # knows every such block as a copy of the key (``hooks.hits_mirrored``): for a known
+        # copy ``on_resident_many`` only pins it for the protecting claims, so with none in
+        # force the call would change nothing and emit nothing
+        if self.kvc_hits_mirrored and not arbiter.has_protecting:
+            return
+        watched = arbiter.watched
         if watched and any(map(watched.__contains__, keys)):
-            self.kvc_arbiter.on_resident_many(hits, keys)
+            arbiter.on_resident_many(hits, keys)
 
     def kvc_release_claim(self, claim_id: str, reason: str = "released by the operator") -> bool:
         """The operator's release from Python (in-process engines; see ``kvclaims.recorder.api``);

@@ -323,3 +323,89 @@ def test_without_claims_an_enforcing_policy_behaves_like_vllm(record_run):
     assert scalar(run, "SELECT count(*) FROM events WHERE event IN "
                        "('request_deferred', 'request_refused')") == 0
     assert all(r["finish_reason"] == "length" for r in view["requests"])
+
+
+# --- hits on content the arbiter already mirrors ----------------------------------------------
+
+def _hits_run(out: Path, *, mirrored: bool, stale: bool = False) -> tuple[list[tuple], dict]:
+    """A ``native`` run whose requests hit claimed content, before and after it is evicted and
+    cached again: its events (block hashes numbered by first appearance, no timestamps or
+    request ids) and the arbiter's state at the end (per claim: gaps, materialized, and the
+    blocks it knows hold each bound position).
+
+    ``mirrored``: the scheduler's ``kvc_hits_mirrored`` (False: every hit list on watched
+    content reaches the arbiter). ``stale``: the arbiter is not told of the claimed content's
+    first caching, so it does not know the copies the reader then hits.
+    """
+    import sys
+
+    from vllm import EngineArgs, LLMEngine
+
+    from kvclaims.sources.scenarios import engine_args
+    from kvclaims.sources.tiny_model import ensure_tiny_model
+
+    args = engine_args(ensure_tiny_model(), 16, {"out": str(out), "policy": "native",
+                                                 "run_id": "hits"})
+    engine = LLMEngine.from_engine_args(EngineArgs(**args))
+    sched = engine.engine_core.engine_core.scheduler
+    assert sched.kvc_hits_mirrored  # the tiny model's group 0: plain full attention
+    sched.kvc_hits_mirrored = mirrored
+    arbiter = sched.kvc_arbiter
+    if stale:
+        told = arbiter.on_resident_many
+        dropped: list[object] = []
+
+        def forgetful(blocks, keys):  # type: ignore[no-untyped-def]
+            if not dropped and sys._getframe(1).f_code.co_name == "cache_full_blocks":
+                dropped.append(keys)
+                return
+            told(blocks, keys)
+
+        arbiter.on_resident_many = forgetful
+    driver = Driver(engine)
+    try:
+        driver.submit("doc", tokens(60, 6), claim={"claim_id": "doc", "tenant": "t"})
+        driver.run()
+        driver.submit("reader", tokens(60, 6) + tokens(61, 2))
+        driver.run()
+        driver.submit("pressure", tokens(62, 14))  # evicts the claimed content
+        driver.run()
+        driver.submit("again", tokens(60, 6) + tokens(63, 1))  # caches it again
+        driver.run()
+        driver.submit("reader2", tokens(60, 6) + tokens(64, 1))
+        driver.run()
+        state = {cid: (c.gaps, c.materialized,
+                       [(w.block_id, tuple(w.more or ())) for w in map(arbiter.watched.get,
+                                                                        c.hashes)])
+                 for cid, c in arbiter.claims.items()}
+    finally:
+        engine.engine_core.shutdown()
+    numbers: dict[int, int] = {}
+    rows = [tuple(numbers.setdefault(v, len(numbers)) if i == 3 and v is not None else v
+                  for i, v in enumerate(row))
+            for row in query(out, "SELECT seq, event, claim_id, block_hash, block_id, position "
+                                  "FROM events ORDER BY seq")]
+    return rows, state
+
+
+def test_hits_skipped_while_nothing_pins_leave_the_same_trace_and_arbiter(tmp_path: Path):
+    skipped = _hits_run(tmp_path / "skipped", mirrored=True)
+    called = _hits_run(tmp_path / "called", mirrored=False)
+    assert skipped == called
+    events = [r[1] for r in called[0]]
+    bound = {r[3] for r in called[0] if r[1] == "claim_bound"}
+    # the run exercised the skip: hits on claimed content, then its loss and return
+    assert any(r[1] == "block_hit" and r[3] in bound for r in called[0])
+    assert "claim_harmed" in events and events.count("claim_materialized") == 1
+    assert called[1]["doc"][:2] == (0, True)
+
+
+def test_hits_skipped_over_a_copy_the_arbiter_never_learned_would_differ(tmp_path: Path):
+    # the negative twin: the comparison above sees a hit that would teach the arbiter something
+    skipped = _hits_run(tmp_path / "skipped", mirrored=True, stale=True)
+    called = _hits_run(tmp_path / "called", mirrored=False, stale=True)
+    assert skipped != called
+    materialized = [[r[0] for r in run[0] if r[1] == "claim_materialized"]
+                    for run in (skipped, called)]
+    # the reader's hits teach only the arbiter that is called the copies it missed
+    assert materialized[1] and materialized[0] != materialized[1]
