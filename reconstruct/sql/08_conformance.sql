@@ -29,39 +29,20 @@ SELECT * FROM (VALUES
     /*@KV_CHECKS@*/
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
--- Statement 1: each (run, check)'s situation and evidence, bounded: kv_check_evidence.
--- Statement 2: the verdicts from it: conformance.
--- NOTE: two statements, so that the many intermediate relations of the first are gone before
--- the second runs (one statement held them all at once and ran out of a 1 GB memory_limit).
--- NOTE: the per-(run, check) results of statement 1 (raw, failed and the evidence aggregates)
--- are MATERIALIZED: each is computed on its own and kept (a few rows per run and check)
--- before the final join; inlined, their aggregates over millions of evidence rows ran at
--- once and ran out of memory_limit (100 M events under 400MB).
-CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
-WITH fk AS (
-    -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
-    -- no claim) fails no check
-    SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> {severity.info}
-), fails AS (
-    -- the finding kinds that fail each check
-    -- NOTE: checks.Check.fails_on is the one list; core.stage_sql fills the marker with it
-    SELECT * FROM (VALUES
-        /*@KV_CHECK_FAILS@*/
-    ) t(check_name, kind)
-), finding_fails AS (
-    SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
-    FROM fails f JOIN fk k ON k.kind = f.kind
-), failed AS MATERIALIZED (
-    -- each (run, check) that failing findings fail, with their kinds and how many of each
-    -- ('kind xN, ...', by kind); their seqs and claim instances stay rows of finding_fails
-    -- NOTE: one aggregate of finding_fails, joined on (run, check): not one correlated
-    -- subquery over it per column. string_agg: bounded by the finding kinds.
-    SELECT run_id, check_name, string_agg(kind || ' x' || n, ', ' ORDER BY kind) AS kinds
-    FROM (SELECT run_id, check_name, kind, count(*) AS n
-          FROM finding_fails
-          GROUP BY run_id, check_name, kind)
-    GROUP BY run_id, check_name
-), c AS NOT MATERIALIZED (
+-- Statement 1: each (run, check)'s situation, and the rows of its evidence: kv_check_rows.
+-- Statement 2: those aggregated per (run, check), bounded, with the failing findings:
+-- kv_check_evidence.
+-- Statement 3: the verdicts from it: conformance.
+-- NOTE: three statements, so that each one's relations are gone before the next runs: in one
+-- statement, the situations' per-run aggregates and the evidence's (a DISTINCT over every
+-- evidence seq) ran at once and ran out of memory_limit (1 B events under 2GB, 100 M under
+-- 200MB); one statement held all of them and ran out of 1 GB.
+-- kv_check_rows, one row per (run, check) and `part`:
+--   0: the check's situation: exercised (it occurred), pass_detail (the sentence of a pass);
+--   1: a failing seq of its own (seq NULL: its failing condition holds without one);
+--   2: a seq that shows what it exercised; 3: a claim instance it judged (claim_seq).
+CREATE OR REPLACE TEMP TABLE kv_check_rows AS
+WITH c AS NOT MATERIALIZED (
     SELECT * FROM kv_claim_facts
 ), uncovered_losses AS NOT MATERIALIZED (
     -- L1: the losses not covered by any claim accepted before them (uncovered), and those
@@ -261,7 +242,7 @@ WITH fk AS (
           UNION ALL
           SELECT run_id, 0, 0, 0, count(*) FROM lit_unmat GROUP BY run_id)
     GROUP BY run_id
-), raw AS MATERIALIZED (
+), raw AS (
     -- Each check: exercised (its situation occurred) and a detail line for a pass. The seqs
     -- and claim instances of its evidence are rows: fail_rows, pass_rows, claim_rows below.
     SELECT r.run_id, t.check_name,
@@ -531,6 +512,50 @@ WITH fk AS (
     SELECT run_id, {check.LIT_thresholded_value}, claim_seq FROM lit_value
     UNION ALL
     SELECT run_id, {check.LIT_materialization_failure}, claim_seq FROM lit_unmat
+)
+SELECT run_id, check_name, 0 AS part, exercised, pass_detail, NULL::BIGINT AS seq,
+       NULL::BIGINT AS claim_seq
+FROM raw
+UNION ALL
+SELECT run_id, check_name, 1, NULL, NULL, seq, NULL FROM fail_rows
+UNION ALL
+SELECT run_id, check_name, 2, NULL, NULL, seq, NULL FROM pass_rows WHERE seq IS NOT NULL
+UNION ALL
+SELECT run_id, check_name, 3, NULL, NULL, NULL, claim_seq FROM claim_rows
+WHERE claim_seq IS NOT NULL;
+
+CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
+WITH fk AS (
+    -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
+    -- no claim) fails no check
+    SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> {severity.info}
+), fails AS (
+    -- the finding kinds that fail each check
+    -- NOTE: checks.Check.fails_on is the one list; core.stage_sql fills the marker with it
+    SELECT * FROM (VALUES
+        /*@KV_CHECK_FAILS@*/
+    ) t(check_name, kind)
+), finding_fails AS (
+    SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
+    FROM fails f JOIN fk k ON k.kind = f.kind
+), failed AS MATERIALIZED (
+    -- each (run, check) that failing findings fail, with their kinds and how many of each
+    -- ('kind xN, ...', by kind); their seqs and claim instances stay rows of finding_fails
+    -- NOTE: one aggregate of finding_fails, joined on (run, check): not one correlated
+    -- subquery over it per column. string_agg: bounded by the finding kinds.
+    SELECT run_id, check_name, string_agg(kind || ' x' || n, ', ' ORDER BY kind) AS kinds
+    FROM (SELECT run_id, check_name, kind, count(*) AS n
+          FROM finding_fails
+          GROUP BY run_id, check_name, kind)
+    GROUP BY run_id, check_name
+), raw AS (
+    SELECT run_id, check_name, exercised, pass_detail FROM kv_check_rows WHERE part = 0
+), fail_rows AS (
+    SELECT run_id, check_name, seq FROM kv_check_rows WHERE part = 1
+), pass_rows AS (
+    SELECT run_id, check_name, seq FROM kv_check_rows WHERE part = 2
+), claim_rows AS (
+    SELECT run_id, check_name, claim_seq FROM kv_check_rows WHERE part = 3
 ), fail_evidence AS MATERIALIZED (
     -- per (run, check): its failing seqs (the failing findings' and its own, each once): how
     -- many, the first, and the smallest /*@EVIDENCE_MAX@*/ ascending
@@ -585,6 +610,8 @@ LEFT JOIN evidence_claims fc ON fc.run_id = raw.run_id AND fc.check_name = raw.c
                             AND fc.failing_side
 LEFT JOIN evidence_claims pc ON pc.run_id = raw.run_id AND pc.check_name = raw.check_name
                             AND NOT pc.failing_side;
+
+DROP TABLE kv_check_rows;
 
 CREATE OR REPLACE TABLE conformance AS
 WITH unrebuilt AS (
