@@ -37,7 +37,7 @@ SELECT * FROM (VALUES
 -- statement, the situations' per-run aggregates and the evidence's (a DISTINCT over every
 -- evidence seq) ran at once and ran out of memory_limit (1 B events under 2GB, 100 M under
 -- 200MB); one statement held all of them and ran out of 1 GB.
--- kv_check_rows, one row per (run, check) and `part`:
+-- kv_check_rows: rows of each (run, check), by `part`:
 --   0: the check's situation: exercised (it occurred), pass_detail (the sentence of a pass);
 --   1: a failing seq of its own (seq NULL: its failing condition holds without one);
 --   2: a seq that shows what it exercised; 3: a claim instance it judged (claim_seq).
@@ -538,7 +538,7 @@ WITH fk AS (
 ), finding_fails AS (
     SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
     FROM fails f JOIN fk k ON k.kind = f.kind
-), failed AS MATERIALIZED (
+), failed AS (
     -- each (run, check) that failing findings fail, with their kinds and how many of each
     -- ('kind xN, ...', by kind); their seqs and claim instances stay rows of finding_fails
     -- NOTE: one aggregate of finding_fails, joined on (run, check): not one correlated
@@ -556,7 +556,7 @@ WITH fk AS (
     SELECT run_id, check_name, seq FROM kv_check_rows WHERE part = 2
 ), claim_rows AS (
     SELECT run_id, check_name, claim_seq FROM kv_check_rows WHERE part = 3
-), fail_evidence AS MATERIALIZED (
+), fail_evidence AS (
     -- per (run, check): its failing seqs (the failing findings' and its own, each once): how
     -- many, the first, and the smallest /*@EVIDENCE_MAX@*/ ascending
     -- NOTE: min(seq, n) keeps n values per group (a top-n), a list of every seq would hold
@@ -570,14 +570,14 @@ WITH fk AS (
 ), own_failed AS (
     -- each (run, check) whose own failing condition holds (with or without a seq)
     SELECT DISTINCT run_id, check_name FROM fail_rows
-), pass_evidence AS MATERIALIZED (
+), pass_evidence AS (
     -- per (run, check): the seqs that show what it exercised, each once: how many, the last,
     -- and the smallest /*@EVIDENCE_MAX@*/ ascending
     SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
            list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
     FROM (SELECT DISTINCT run_id, check_name, seq FROM pass_rows WHERE seq IS NOT NULL)
     GROUP BY run_id, check_name
-), evidence_claims AS MATERIALIZED (
+), evidence_claims AS (
     -- the claim instances of each (run, check)'s evidence, per side (failing: those its
     -- failing findings name; else those the check judged): how many, and the
     -- /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
