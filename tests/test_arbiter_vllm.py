@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvclaims.sources.scenarios import Driver, Scenario, tokens
+from kvclaims.sources.scenarios import Driver, Scenario, engine_args, tokens
+from kvclaims.sources.tiny_model import ensure_tiny_model
 from tests.conftest import client, query, request_id, scalar
 
 pytestmark = pytest.mark.vllm
@@ -337,12 +339,7 @@ def _hits_run(out: Path, *, mirrored: bool, stale: bool = False) -> tuple[list[t
     content reaches the arbiter). ``stale``: the arbiter is not told of the claimed content's
     first caching, so it does not know the copies the reader then hits.
     """
-    import sys
-
     from vllm import EngineArgs, LLMEngine
-
-    from kvclaims.sources.scenarios import engine_args
-    from kvclaims.sources.tiny_model import ensure_tiny_model
 
     args = engine_args(ensure_tiny_model(), 16, {"out": str(out), "policy": "native",
                                                  "run_id": "hits"})
