@@ -103,6 +103,18 @@ def split_statements(sql: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+_CREATED_RE: Final = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+)?(?:TABLE|VIEW)\s+(\w+)",
+                                 re.IGNORECASE)
+
+
+def _where(exc: BaseException, stage: str, i: int, n: int, stmt: str) -> str:
+    """``exc``'s text with its first line saying which statement of which stage failed."""
+    first, _, rest = str(exc).strip().partition("\n")
+    made = _CREATED_RE.match(stmt)
+    what = f"{stage}, statement {i} of {n}" + (f" ({made.group(1)})" if made else "")
+    return f"{first} [in {what}]" + (f"\n{rest}" if rest else "")
+
+
 @dataclass
 class Tables:
     """The reconstructed tables, living in a DuckDB connection.
@@ -378,8 +390,14 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
             if progress is not None:
                 progress(stage)
             continue
-        for stmt in split_statements(stage_sql(stage)):
-            con.execute(labels.persistence(stmt, persist))
+        stmts = split_statements(stage_sql(stage))
+        for i, stmt in enumerate(stmts, 1):
+            try:
+                con.execute(labels.persistence(stmt, persist))
+            except duckdb.Error as exc:
+                # NOTE: the same error type, its first line naming the statement that failed
+                # (a stage of several statements: which one ran out of memory_limit)
+                raise type(exc)(_where(exc, stage, i, len(stmts), stmt)) from exc
         if progress is not None:
             progress(stage)
     return [r[0] for r in con.sql("SELECT run_id FROM kv_runs ORDER BY run_id").fetchall()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -277,3 +278,14 @@ def test_a_run_with_its_head_has_no_missing_head_finding() -> None:
     t = core.reconstruct(_table(shapes.SHAPES["unenforced_60_70_80"]()))
     assert ("missing_head",) not in rows(t, "SELECT kind FROM findings")
     assert "unknown" not in labels(t)
+
+
+def test_a_stage_statement_that_fails_is_named_in_the_error_s_first_line() -> None:
+    con = duckdb.connect()
+    con.execute("CREATE VIEW events AS SELECT 1 AS seq")  # no run_id: stage 01 cannot bind
+    with pytest.raises(duckdb.BinderException) as err:
+        core.run_stages(con)
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("Binder Error: ")
+    assert first.endswith("[in 01_runs.sql, statement 1 of 4 (kv_ev_runs)]")
+
