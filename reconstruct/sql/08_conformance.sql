@@ -30,13 +30,14 @@ SELECT * FROM (VALUES
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
 -- Statement 1: each (run, check)'s situation, and the rows of its evidence: kv_check_rows.
--- Statement 2: those aggregated per (run, check), bounded, with the failing findings:
--- kv_check_evidence.
--- Statement 3: the verdicts from it: conformance.
--- NOTE: three statements, so that each one's relations are gone before the next runs: in one
--- statement, the situations' per-run aggregates and the evidence's (a DISTINCT over every
--- evidence seq) ran at once and ran out of memory_limit (1 B events under 2GB, 100 M under
--- 200MB); one statement held all of them and ran out of 1 GB.
+-- Statements 2-5: the failing findings, then each aggregate of the evidence per (run, check),
+-- bounded: failing seqs, exercised seqs, claim instances (kv_check_finding_fails,
+-- kv_check_fail_seqs, kv_check_pass_seqs, kv_check_claims).
+-- Statement 6: those joined to the situations: kv_check_evidence. Then the verdicts: conformance.
+-- NOTE: one aggregate per statement, so that each one's relations are gone before the next
+-- runs: the evidence aggregates in one statement ran at once (the exercised seqs' DISTINCT
+-- beside the others') and ran out of memory_limit (1 B events under 2GB, 100 M under 150MB);
+-- one at a time they fit 100MB at 100 M.
 -- kv_check_rows: rows of each (run, check), by `part`:
 --   0: the check's situation: exercised (it occurred), pass_detail (the sentence of a pass);
 --   1: a failing seq of its own (seq NULL: its failing condition holds without one);
@@ -524,74 +525,72 @@ UNION ALL
 SELECT run_id, check_name, 3, NULL, NULL, NULL, claim_seq FROM claim_rows
 WHERE claim_seq IS NOT NULL;
 
-CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
-WITH fk AS (
-    -- NOTE: a finding of severity info (the expected consequence of a policy that enforces
-    -- no claim) fails no check
-    SELECT run_id, kind, seq, claim_seq FROM findings WHERE severity <> {severity.info}
-), fails AS (
+-- kv_check_finding_fails: the findings that fail each check, one row each
+CREATE OR REPLACE TEMP TABLE kv_check_finding_fails AS
+WITH fails AS (
     -- the finding kinds that fail each check
     -- NOTE: checks.Check.fails_on is the one list; core.stage_sql fills the marker with it
     SELECT * FROM (VALUES
         /*@KV_CHECK_FAILS@*/
     ) t(check_name, kind)
-), finding_fails AS (
-    SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
-    FROM fails f JOIN fk k ON k.kind = f.kind
-), failed AS (
+)
+-- NOTE: a finding of severity info (the expected consequence of a policy that enforces no
+-- claim) fails no check
+SELECT f.check_name, k.run_id, k.seq, k.kind, k.claim_seq
+FROM fails f JOIN findings k ON k.kind = f.kind
+WHERE k.severity <> {severity.info};
+
+-- kv_check_fail_seqs: per (run, check), its failing seqs (the failing findings' and its own,
+-- each once): how many, the first, and the smallest /*@EVIDENCE_MAX@*/ ascending
+-- NOTE: min(seq, n) keeps n values per group (a top-n), a list of every seq would hold them
+-- all and cannot spill; the verdict reads the count and the first, never the list
+CREATE OR REPLACE TEMP TABLE kv_check_fail_seqs AS
+SELECT run_id, check_name, count(*) AS n, min(seq) AS first_seq,
+       list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
+FROM (SELECT run_id, check_name, seq FROM kv_check_finding_fails WHERE seq IS NOT NULL
+      UNION
+      SELECT run_id, check_name, seq FROM kv_check_rows WHERE part = 1 AND seq IS NOT NULL)
+GROUP BY run_id, check_name;
+
+-- kv_check_pass_seqs: per (run, check), the seqs that show what it exercised, each once: how
+-- many, the last, and the smallest /*@EVIDENCE_MAX@*/ ascending
+CREATE OR REPLACE TEMP TABLE kv_check_pass_seqs AS
+SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
+       list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
+FROM (SELECT DISTINCT run_id, check_name, seq FROM kv_check_rows WHERE part = 2)
+GROUP BY run_id, check_name;
+
+-- kv_check_claims: the claim instances of each (run, check)'s evidence, per side (failing:
+-- those its failing findings name; else those the check judged): how many, and the
+-- /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
+-- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
+CREATE OR REPLACE TEMP TABLE kv_check_claims AS
+SELECT e.run_id, e.check_name, e.failing_side, count(*) AS n,
+       min_by({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}, f.claim_seq,
+              /*@EVIDENCE_MAX@*/) AS claims
+FROM (SELECT DISTINCT run_id, check_name, true AS failing_side, claim_seq
+      FROM kv_check_finding_fails WHERE claim_seq IS NOT NULL
+      UNION
+      SELECT DISTINCT run_id, check_name, false, claim_seq
+      FROM kv_check_rows WHERE part = 3) e
+JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
+GROUP BY e.run_id, e.check_name, e.failing_side;
+
+-- kv_check_evidence: each (run, check)'s situation with its evidence, one row each
+CREATE OR REPLACE TEMP TABLE kv_check_evidence AS
+WITH failed AS (
     -- each (run, check) that failing findings fail, with their kinds and how many of each
-    -- ('kind xN, ...', by kind); their seqs and claim instances stay rows of finding_fails
-    -- NOTE: one aggregate of finding_fails, joined on (run, check): not one correlated
-    -- subquery over it per column. string_agg: bounded by the finding kinds.
+    -- ('kind xN, ...', by kind); string_agg: bounded by the finding kinds
     SELECT run_id, check_name, string_agg(kind || ' x' || n, ', ' ORDER BY kind) AS kinds
     FROM (SELECT run_id, check_name, kind, count(*) AS n
-          FROM finding_fails
+          FROM kv_check_finding_fails
           GROUP BY run_id, check_name, kind)
-    GROUP BY run_id, check_name
-), raw AS (
-    SELECT run_id, check_name, exercised, pass_detail FROM kv_check_rows WHERE part = 0
-), fail_rows AS (
-    SELECT run_id, check_name, seq FROM kv_check_rows WHERE part = 1
-), pass_rows AS (
-    SELECT run_id, check_name, seq FROM kv_check_rows WHERE part = 2
-), claim_rows AS (
-    SELECT run_id, check_name, claim_seq FROM kv_check_rows WHERE part = 3
-), fail_evidence AS (
-    -- per (run, check): its failing seqs (the failing findings' and its own, each once): how
-    -- many, the first, and the smallest /*@EVIDENCE_MAX@*/ ascending
-    -- NOTE: min(seq, n) keeps n values per group (a top-n), a list of every seq would hold
-    -- them all and cannot spill; the verdict reads the count and the first, never the list
-    SELECT run_id, check_name, count(*) AS n, min(seq) AS first_seq,
-           list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
-    FROM (SELECT run_id, check_name, seq FROM finding_fails WHERE seq IS NOT NULL
-          UNION
-          SELECT run_id, check_name, seq FROM fail_rows WHERE seq IS NOT NULL)
     GROUP BY run_id, check_name
 ), own_failed AS (
     -- each (run, check) whose own failing condition holds (with or without a seq)
-    SELECT DISTINCT run_id, check_name FROM fail_rows
-), pass_evidence AS (
-    -- per (run, check): the seqs that show what it exercised, each once: how many, the last,
-    -- and the smallest /*@EVIDENCE_MAX@*/ ascending
-    SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
-           list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
-    FROM (SELECT DISTINCT run_id, check_name, seq FROM pass_rows WHERE seq IS NOT NULL)
-    GROUP BY run_id, check_name
-), evidence_claims AS (
-    -- the claim instances of each (run, check)'s evidence, per side (failing: those its
-    -- failing findings name; else those the check judged): how many, and the
-    -- /*@EVIDENCE_MAX@*/ with the smallest claim_seq, by claim_seq
-    -- NOTE: an equality join, not list_contains per claim: that was quadratic in the claims
-    SELECT e.run_id, e.check_name, e.failing_side, count(*) AS n,
-           min_by({'claim_id': f.claim_id, 'claim_seq': f.claim_seq}, f.claim_seq,
-                  /*@EVIDENCE_MAX@*/) AS claims
-    FROM (SELECT DISTINCT run_id, check_name, true AS failing_side, claim_seq
-          FROM finding_fails WHERE claim_seq IS NOT NULL
-          UNION
-          SELECT DISTINCT run_id, check_name, false, claim_seq
-          FROM claim_rows WHERE claim_seq IS NOT NULL) e
-    JOIN kv_claim_facts f ON f.run_id = e.run_id AND f.claim_seq = e.claim_seq
-    GROUP BY e.run_id, e.check_name, e.failing_side
+    SELECT DISTINCT run_id, check_name FROM kv_check_rows WHERE part = 1
+), raw AS (
+    SELECT run_id, check_name, exercised, pass_detail FROM kv_check_rows WHERE part = 0
 )
 SELECT raw.*,
        fe.seqs AS fail_seqs, coalesce(fe.n, 0) AS n_fail_seqs, fe.first_seq AS first_fail_seq,
@@ -604,14 +603,18 @@ SELECT raw.*,
 FROM raw
 LEFT JOIN failed ff ON ff.run_id = raw.run_id AND ff.check_name = raw.check_name
 LEFT JOIN own_failed ofl ON ofl.run_id = raw.run_id AND ofl.check_name = raw.check_name
-LEFT JOIN fail_evidence fe ON fe.run_id = raw.run_id AND fe.check_name = raw.check_name
-LEFT JOIN pass_evidence pe ON pe.run_id = raw.run_id AND pe.check_name = raw.check_name
-LEFT JOIN evidence_claims fc ON fc.run_id = raw.run_id AND fc.check_name = raw.check_name
+LEFT JOIN kv_check_fail_seqs fe ON fe.run_id = raw.run_id AND fe.check_name = raw.check_name
+LEFT JOIN kv_check_pass_seqs pe ON pe.run_id = raw.run_id AND pe.check_name = raw.check_name
+LEFT JOIN kv_check_claims fc ON fc.run_id = raw.run_id AND fc.check_name = raw.check_name
                             AND fc.failing_side
-LEFT JOIN evidence_claims pc ON pc.run_id = raw.run_id AND pc.check_name = raw.check_name
+LEFT JOIN kv_check_claims pc ON pc.run_id = raw.run_id AND pc.check_name = raw.check_name
                             AND NOT pc.failing_side;
 
 DROP TABLE kv_check_rows;
+DROP TABLE kv_check_finding_fails;
+DROP TABLE kv_check_fail_seqs;
+DROP TABLE kv_check_pass_seqs;
+DROP TABLE kv_check_claims;
 
 CREATE OR REPLACE TABLE conformance AS
 WITH unrebuilt AS (
