@@ -103,8 +103,9 @@ def split_statements(sql: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-_CREATED_RE: Final = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+)?(?:TABLE|VIEW)\s+(\w+)",
-                                 re.IGNORECASE)
+# the table or view a stage statement creates (named in its error)
+_CREATED_RE: Final = re.compile(
+    r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+)?(?:TABLE|VIEW)\s+(\w+)", re.IGNORECASE)
 
 
 def _where(exc: BaseException, stage: str, i: int, n: int, stmt: str) -> str:

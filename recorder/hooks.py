@@ -52,9 +52,10 @@ def mix_in(obj: Any, mixin: type, names: Sequence[str]) -> None:
     NOTE: CPython 3.11 keeps an object's attributes inline, laid out by its class, and
     specialises attribute reads on that layout; after a ``__class__`` swap they no longer match
     and every read of the object's attributes (vLLM's own code included: ``self.blocks``,
-    ``self._cache``, ...) takes the generic path, about 3x slower per read. Re-homing them in a new plain dict makes the reads specialise again (as a dict lookup with
-    a hint); the attributes and their values are unchanged (on 3.10, whose objects always have
-    a plain dict, it is only a copy).
+    ``self._cache``, ...) takes the generic path, about 3x slower per read. Re-homing them in
+    a new plain dict makes the reads specialise again (as a dict lookup with a hint); the
+    attributes and their values are unchanged (on 3.10, whose objects always have a plain
+    dict, it is only a copy).
     """
     obj.__class__ = recording_class(type(obj), mixin, names)
     obj.__dict__ = dict(obj.__dict__)

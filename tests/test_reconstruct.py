@@ -288,4 +288,3 @@ def test_a_stage_statement_that_fails_is_named_in_the_error_s_first_line() -> No
     first = str(err.value).splitlines()[0]
     assert first.startswith("Binder Error: ")
     assert first.endswith("[in 01_runs.sql, statement 1 of 4 (kv_ev_runs)]")
-
