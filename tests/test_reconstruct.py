@@ -288,3 +288,12 @@ def test_a_stage_statement_that_fails_is_named_in_the_error_s_first_line() -> No
     first = str(err.value).splitlines()[0]
     assert first.startswith("Binder Error: ")
     assert first.endswith("[in 01_runs.sql, statement 1 of 4 (kv_ev_runs)]")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_configured_thread_count_holds_after_the_stages(threads: int) -> None:
+    # 08_conformance runs one statement on one thread and restores the count it found
+    events = core.load_jsonl([FIX / "native_60_70_80.jsonl"])
+    t = core.reconstruct(loader.Trace(events=events, manifests={}, truncated_runs=set()),
+                         threads=threads)
+    assert t.con.execute("SELECT current_setting('threads')").fetchone()[0] == threads

@@ -554,11 +554,18 @@ GROUP BY run_id, check_name;
 
 -- kv_check_pass_seqs: per (run, check), the seqs that show what it exercised, each once: how
 -- many, the last, and the smallest /*@EVIDENCE_MAX@*/ ascending
+-- NOTE: on one thread, the configured count restored after it: the DISTINCT holds a hash
+-- table per thread, and with two it did not fit 90MB at 100 M dense events (nor 2GB at 1 B),
+-- with one it fits 75MB
+SET VARIABLE kv_threads = current_setting('threads');
+SET threads = 1;
 CREATE OR REPLACE TEMP TABLE kv_check_pass_seqs AS
 SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
        list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
 FROM (SELECT DISTINCT run_id, check_name, seq FROM kv_check_rows WHERE part = 2)
 GROUP BY run_id, check_name;
+SET threads = getvariable('kv_threads');
+RESET VARIABLE kv_threads;
 
 -- kv_check_claims: the claim instances of each (run, check)'s evidence, per side (failing:
 -- those its failing findings name; else those the check judged): how many, and the
