@@ -17,7 +17,6 @@ way to show that a rewrite of a stage changes cost, not content).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,6 @@ from benchmarks import _report  # noqa: E402
 from benchmarks.reconstruct import write_shape  # noqa: E402
 from kvclaims.reconstruct import core, loader  # noqa: E402
 
-_TARGET_RE = re.compile(r"CREATE\s+OR\s+REPLACE\s+(?:TEMP\s+)?TABLE\s+(\w+)", re.IGNORECASE)
 COMPARED = core.TABLE_NAMES + ("lowering",)
 
 
@@ -46,8 +44,7 @@ class TimedConnection:
     def execute(self, sql: str, *args: Any) -> Any:
         t0, c0 = time.perf_counter(), time.process_time()
         out = self._con.execute(sql, *args)
-        m = _TARGET_RE.search(sql)
-        self.times.append((self.stage, m.group(1) if m else sql.split()[0].lower(),
+        self.times.append((self.stage, core.created_table(sql) or sql.split()[0].lower(),
                            time.perf_counter() - t0, time.process_time() - c0))
         return out
 

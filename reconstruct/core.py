@@ -103,16 +103,21 @@ def split_statements(sql: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-# the table or view a stage statement creates (named in its error)
 _CREATED_RE: Final = re.compile(
     r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+)?(?:TABLE|VIEW)\s+(\w+)", re.IGNORECASE)
+
+
+def created_table(sql: str) -> str | None:
+    """The table or view a statement creates (None: it creates none)."""
+    made = _CREATED_RE.search(sql)
+    return made.group(1) if made else None
 
 
 def _where(exc: BaseException, stage: str, i: int, n: int, stmt: str) -> str:
     """``exc``'s text with its first line saying which statement of which stage failed."""
     first, _, rest = str(exc).strip().partition("\n")
-    made = _CREATED_RE.match(stmt)
-    what = f"{stage}, statement {i} of {n}" + (f" ({made.group(1)})" if made else "")
+    made = created_table(stmt)
+    what = f"{stage}, statement {i} of {n}" + (f" ({made})" if made else "")
     return f"{first} [in {what}]" + (f"\n{rest}" if rest else "")
 
 

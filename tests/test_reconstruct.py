@@ -17,11 +17,12 @@ from kvclaims.sources import shapes
 FIX = Path(__file__).parent / "fixtures"
 
 
-def recon(*names: str, truncated: tuple[str, ...] = ()) -> core.Tables:
+def recon(*names: str, truncated: tuple[str, ...] = (), threads: int | None = None
+          ) -> core.Tables:
     """Reconstruct fixtures by name (as a Trace, so truncation can be declared)."""
     events = core.load_jsonl([FIX / f"{n}.jsonl" for n in names])
     trace = loader.Trace(events=events, manifests={}, truncated_runs=set(truncated))
-    return core.reconstruct(trace)
+    return core.reconstruct(trace, threads=threads)
 
 
 def rows(tables: core.Tables, sql: str) -> list[tuple]:
@@ -293,7 +294,5 @@ def test_a_stage_statement_that_fails_is_named_in_the_error_s_first_line() -> No
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_configured_thread_count_holds_after_the_stages(threads: int) -> None:
     # 08_conformance runs one statement on one thread and restores the count it found
-    events = core.load_jsonl([FIX / "native_60_70_80.jsonl"])
-    t = core.reconstruct(loader.Trace(events=events, manifests={}, truncated_runs=set()),
-                         threads=threads)
+    t = recon("native_60_70_80", threads=threads)
     assert t.con.execute("SELECT current_setting('threads')").fetchone()[0] == threads

@@ -30,14 +30,13 @@ SELECT * FROM (VALUES
 ) t(ord, "check", title, needs, needs_engine, judges_enforcement);
 
 -- Statement 1: each (run, check)'s situation, and the rows of its evidence: kv_check_rows.
--- Statements 2-5: the failing findings, then each aggregate of the evidence per (run, check),
--- bounded: failing seqs, exercised seqs, claim instances (kv_check_finding_fails,
--- kv_check_fail_seqs, kv_check_pass_seqs, kv_check_claims).
--- Statement 6: those joined to the situations: kv_check_evidence. Then the verdicts: conformance.
+-- Then, each in a statement of its own: the failing findings, and each aggregate of the
+-- evidence per (run, check), bounded: failing seqs, exercised seqs, claim instances
+-- (kv_check_finding_fails, kv_check_fail_seqs, kv_check_pass_seqs, kv_check_claims); those
+-- joined to the situations: kv_check_evidence; the verdicts: conformance.
 -- NOTE: one aggregate per statement, so that each one's relations are gone before the next
 -- runs: the evidence aggregates in one statement ran at once (the exercised seqs' DISTINCT
--- beside the others') and ran out of memory_limit (1 B events under 2GB, 100 M under 150MB);
--- one at a time they fit 100MB at 100 M.
+-- beside the others') and did not fit 150MB at 100 M events; one at a time they fit 100MB.
 -- kv_check_rows: rows of each (run, check), by `part`:
 --   0: the check's situation: exercised (it occurred), pass_detail (the sentence of a pass);
 --   1: a failing seq of its own (seq NULL: its failing condition holds without one);
