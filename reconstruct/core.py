@@ -45,13 +45,15 @@ from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
                                           TABLE_NAMES, VERDICT_TABLES, fill_sql, sql_string)
-from kvclaims.reconstruct import checks, labels
+from kvclaims.reconstruct import checks, identity, labels
 from kvclaims.contract import policies
 from kvclaims.reconstruct import loader
 from kvclaims.sources.jsonl import read_jsonl
 
 # The stages in order: SQL files under reconstruct/sql/, and the labelling pass (PASS_STAGE).
 PASS_STAGE: Final[str] = "03_pass"
+# NOTE: claim identity (reconstruct/identity.py) runs before this stage's SQL
+CLAIMS_STAGE: Final[str] = "02_claims.sql"
 STAGES: Final[tuple[str, ...]] = (
     "01_runs.sql", "02_claims.sql", PASS_STAGE, "04_labels.sql", "05_feasibility.sql",
     "06_outcomes.sql", "07_findings.sql", "08_conformance.sql")
@@ -390,9 +392,13 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     for name in ("kv_manifest_in", "kv_policies_in", "kv_manifest_lowering_in"):
         con.unregister(name)
     for stage in STAGES:
+        if stage == CLAIMS_STAGE:  # claim identity (numba, streamed): reconstruct/identity.py
+            identity.build(con, persist=persist, sources=None if sources is None else
+                           _file_batches(sources, identity.CLAIM_COLUMNS,
+                                                       identity.CODED))
         if stage == PASS_STAGE:  # the labelling pass (numba, streamed): reconstruct/labels.py
-            labels.build(con, sources=None if sources is None else _file_batches(sources),
-                         persist=persist)
+            labels.build(con, sources=None if sources is None else
+                         _file_batches(sources, labels.PASS_COLUMNS), persist=persist)
             if progress is not None:
                 progress(stage)
             continue
@@ -447,16 +453,18 @@ class StreamedInput:
     truncated_runs: set[str]
 
 
-def _file_batches(files: dict[str, Path]) -> Callable[[str], Iterator[pa.RecordBatch]]:
-    """The labelling pass's source: a run's events, straight from its Parquet file."""
+def _file_batches(files: dict[str, Path], columns: Sequence[str],
+                  coded: Sequence[str] = ("event",)) -> Callable[[str], Iterator[pa.RecordBatch]]:
+    """A streamed pass's source: ``columns`` of a run's events, straight from its Parquet
+    file, those of ``coded`` decoded as dictionaries (the passes code them per distinct name
+    anyway)."""
 
     def batches(run_id: str) -> Iterator[pa.RecordBatch]:
         path = files.get(run_id)
         if path is None:
             return iter(())
-        # NOTE: ``event`` decoded as a dictionary: the pass codes it per distinct name anyway
-        return loader.parquet_file(path, read_dictionary=["event"]).iter_batches(
-            batch_size=1 << 16, columns=list(labels.PASS_COLUMNS))
+        return loader.parquet_file(path, read_dictionary=list(coded)).iter_batches(
+            batch_size=1 << 16, columns=list(columns))
     return batches
 
 

@@ -344,3 +344,32 @@ def test_core_labels_equal_reference_labels(prog_a: list[tuple], prog_b: list[tu
     got_losses, got_pairs = core_labels(ev_a + ev_b)
     assert got_losses == want_losses
     assert got_pairs == want_pairs
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops, ops)
+def test_every_claim_event_joins_the_reference_instance(prog_a: list[tuple],
+                                                        prog_b: list[tuple]) -> None:
+    """reconstruct/identity.py's one ordered pass gives each claim event the instance the
+    reference gives it (kv_claim_ev), and each submission its first rejection (kv_claim_subs)."""
+    evs = build("a", prog_a, False) + build("b", prog_b, True)
+    want: dict[tuple[str, int], int] = {}
+    want_rejected: dict[tuple[str, int], int | None] = {}
+    for rid in ("a", "b"):
+        ref = [dict(e) for e in evs if e["run_id"] == rid]
+        instances(ref)
+        want |= {(rid, e["seq"]): e["claim_seq"] for e in ref if "claim_seq" in e}
+        for e in ref:
+            if e["event"] == "claim_submitted":
+                want_rejected[(rid, e["seq"])] = None
+            elif e["event"] == "claim_rejected" and (rid, e["claim_seq"]) in want_rejected:
+                want_rejected[(rid, e["claim_seq"])] = (want_rejected[(rid, e["claim_seq"])]
+                                                        or e["seq"])
+    batches = [loader.decode_batch(b) for b in events_to_table(evs).to_batches()]
+    t = core.reconstruct(pa.Table.from_batches(batches, schema=loader.EVENTS_SCHEMA))
+    got = {(r, s): c for r, s, c in
+           t.con.sql("SELECT run_id, seq, claim_seq FROM kv_claim_ev").fetchall()}
+    assert got == want
+    got_rejected = {(r, s): j for r, s, j in t.con.sql(
+        "SELECT run_id, sub_seq, rejected_seq FROM kv_claim_subs").fetchall()}
+    assert got_rejected == want_rejected

@@ -7,42 +7,10 @@
 -- it. Every other event of the id belongs to the latest submission not rejected before it: a
 -- rejected submission (e.g. another tenant reusing an id in force) never becomes the instance
 -- later events refer to; they stay with the instance that owns the id. Joins use
--- (run_id, claim_seq). reconstruct/labels.py `_instances` applies the same rule.
-
-CREATE OR REPLACE TEMP TABLE kv_claim_raw AS
-SELECT run_id, seq, ts_ns, step, event, claim_id,
-       max(CASE WHEN event = {event.claim_submitted} THEN seq END) OVER (
-           PARTITION BY run_id, claim_id ORDER BY seq
-           ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sub_seq,
-       min(seq) OVER (PARTITION BY run_id, claim_id) AS first_seq,
-       tenant, request_id, protection_mode, threshold_blocks, ttl_s, value, block_hash,
-       position, reason, by_request_id, released_by
-FROM events
-WHERE claim_id IS NOT NULL AND event LIKE 'claim\_%' ESCAPE '\';
-
--- Each submission, whether it was rejected, and the latest earlier submission of its id that
--- never was (where the events of the id go once this one is rejected).
-CREATE OR REPLACE TEMP TABLE kv_claim_subs AS
-SELECT run_id, claim_id, sub_seq, rejected_seq,
-       max(CASE WHEN rejected_seq IS NULL THEN sub_seq END) OVER (
-           PARTITION BY run_id, claim_id ORDER BY sub_seq
-           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_live_seq
-FROM (SELECT run_id, any_value(claim_id) AS claim_id, sub_seq,
-             min(seq) FILTER (WHERE event = {event.claim_rejected}) AS rejected_seq
-      FROM kv_claim_raw WHERE sub_seq IS NOT NULL
-      GROUP BY run_id, sub_seq);
-
-CREATE OR REPLACE TEMP TABLE kv_claim_ev AS
-SELECT e.run_id, e.seq, e.ts_ns, e.step, e.event, e.claim_id,
-       CASE WHEN e.sub_seq IS NULL THEN e.first_seq
-            WHEN e.event IN ({event.claim_submitted}, {event.claim_accepted}, {event.claim_rejected})
-                THEN e.sub_seq
-            WHEN s.rejected_seq < e.seq AND s.prev_live_seq IS NOT NULL THEN s.prev_live_seq
-            ELSE e.sub_seq END AS claim_seq,
-       e.tenant, e.request_id, e.protection_mode, e.threshold_blocks, e.ttl_s, e.value,
-       e.block_hash, e.position, e.reason, e.by_request_id, e.released_by
-FROM kv_claim_raw e
-LEFT JOIN kv_claim_subs s ON s.run_id = e.run_id AND s.sub_seq = e.sub_seq;
+-- (run_id, claim_seq). reconstruct/identity.py applies that rule in one ordered pass per run
+-- before the statements below: `kv_claim_ev` (every claim event with its claim_seq) and
+-- `kv_claim_subs` (each submission, its first rejection, and the latest earlier submission of
+-- its id never rejected); reconstruct/labels.py `_instances` applies the same rule.
 
 -- One row per claim instance: what was declared and decided (no lifecycle end yet).
 CREATE OR REPLACE TEMP TABLE kv_claim_inst AS
