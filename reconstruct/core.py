@@ -5,7 +5,8 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 
 =====================  ======================================================================
 ``01_runs.sql``        per-run facts: policy, usable blocks, first hole (gap, seq hole, truncation)
-``02_claims.sql``      claim instances (``claim_seq``) and their lifecycle facts
+``02_claims.sql``      claim instances (``claim_seq``: ``reconstruct/identity.py``'s ordered
+                       pass per run, before the SQL) and their lifecycle facts
 ``03_pass``             the labelling pass, Python, no SQL file: one ordered, compiled pass per
                        run (``reconstruct/labels.py``): losses, labels, predicates, pool
                        snapshots (``PASS_TABLES``)
@@ -21,8 +22,9 @@ The semantics are in docs/design.md; the exact rules are in docs/reconstruction.
 
 NOTE: every stage orders by ``seq`` within a run and joins on ``run_id``: runs never mix.
 NOTE: memory is bounded by DuckDB's ``memory_limit`` (it spills to ``temp_directory``) plus
-one window of events in stage 03 (``labels.WINDOW_ROWS``); the SQL stages only run
-window functions over the (small) set of claim-bound content and claims.
+one window of events in stage 03 (``labels.WINDOW_ROWS``) and the claim ids of a run in
+stage 02; the SQL stages run window functions only over request, decision and claim-reference
+rows, never over every event or every claim event.
 """
 
 from __future__ import annotations
@@ -394,8 +396,7 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
     for stage in STAGES:
         if stage == CLAIMS_STAGE:  # claim identity (numba, streamed): reconstruct/identity.py
             identity.build(con, persist=persist, sources=None if sources is None else
-                           _file_batches(sources, identity.CLAIM_COLUMNS,
-                                                       identity.CODED))
+                           _file_batches(sources, identity.COLUMNS, identity.CODED))
         if stage == PASS_STAGE:  # the labelling pass (numba, streamed): reconstruct/labels.py
             labels.build(con, sources=None if sources is None else
                          _file_batches(sources, labels.PASS_COLUMNS), persist=persist)

@@ -1,5 +1,5 @@
 """Claim identity: the claim instance of every claim event, in one ordered pass per run
-(docs/reconstruction.md, "Claim instances"; stage 02 reads what it writes).
+(docs/reconstruction.md, "Claim instances"; stages 02 and 05-08 read what it writes).
 
 Each run's claim events (``claim_*`` with a ``claim_id``) are read in seq order, straight from
 its Parquet file where the audit has one, and one compiled loop gives each its ``claim_seq``
@@ -10,7 +10,10 @@ events before any submit form the instance named by the first of them. Writes:
 
 - ``kv_claim_ev``: the claim events with their ``claim_seq`` (no other event);
 - ``kv_claim_subs``: one row per submission: its first rejection and the latest earlier
-  submission of its id never rejected (``prev_live_seq``), which the labelling pass reads.
+  submission of its id never rejected (``prev_live_seq``), which the labelling pass reads;
+- ``kv_stage_events``: the events stages 05-08 read besides block events and bindings
+  (``STAGE_EVENTS``, ``STAGE_COLUMNS``), from the same read: where DuckDB once scanned every
+  event's columns again for them.
 
 NOTE: every fact of the rule is known when the pass reaches the event (a decision follows its
 submission, so a submission's window is closed when the next one of its id arrives): no window
@@ -28,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvclaims.contract.vocabulary import EVENT, sql_string
 from kvclaims.reconstruct.labels import persistence
 
 #: The events columns ``kv_claim_ev`` keeps (besides ``run_id`` and ``claim_seq``), in its order.
@@ -35,18 +39,39 @@ CLAIM_COLUMNS: Final[tuple[str, ...]] = (
     "seq", "ts_ns", "step", "event", "claim_id", "tenant", "request_id", "protection_mode",
     "threshold_blocks", "ttl_s", "value", "block_hash", "position", "reason", "by_request_id",
     "released_by")
+#: The events stages 05-08 read besides block events and claim bindings (``kv_stage_events``:
+#: requests and their decisions, claim lifecycle and runtime reports after submission, resets,
+#: gaps, hook failures), and the columns those stages read of them, in the table's order.
+STAGE_EVENTS: Final[frozenset[str]] = frozenset({
+    EVENT.request_arrived, EVENT.request_admitted, EVENT.request_deferred,
+    EVENT.request_refused, EVENT.request_preempted, EVENT.request_finished,
+    EVENT.reuse_denied, EVENT.claim_accepted, EVENT.claim_rejected, EVENT.claim_demoted,
+    EVENT.claim_expired, EVENT.claim_released, EVENT.claim_release_refused,
+    EVENT.claim_materialized, EVENT.claim_harmed, EVENT.cache_reset, EVENT.recorder_gap,
+    EVENT.hook_failed})
+STAGE_COLUMNS: Final[tuple[str, ...]] = (
+    "run_id", "seq", "ts_ns", "step", "event", "request_id", "tenant", "claim_id", "block_hash",
+    # decisions and requests
+    "num_prompt_tokens", "protected_blocks", "blocks_required", "usable_blocks", "free_blocks",
+    "shortfall_blocks", "blocking_claim_ids", "finish_reason", "num_cached_tokens",
+    "num_output_tokens",
+    # releases, refusals, gaps, hook failures
+    "reason", "released_by", "first_seq", "last_seq", "events_dropped", "hook", "error_type")
+#: What the pass reads of a run's events: both tables' columns.
+COLUMNS: Final[tuple[str, ...]] = (
+    *CLAIM_COLUMNS, *(c for c in STAGE_COLUMNS if c != "run_id" and c not in CLAIM_COLUMNS))
 #: Columns worth reading as dictionaries: few distinct names each.
 CODED: Final[tuple[str, ...]] = ("event", "claim_id", "tenant", "protection_mode", "reason",
-                                 "released_by")
+                                 "released_by", "finish_reason", "hook", "error_type")
 _EV_ORDER: Final[tuple[str, ...]] = ("run_id", "seq", "ts_ns", "step", "event", "claim_id",
                                      "claim_seq", *CLAIM_COLUMNS[5:])
 # event codes the rule reads; every other claim event is 0
 _OTHER, _SUBMIT, _ACCEPT, _REJECT = 0, 1, 2, 3
-_CODES: Final[dict[str, int]] = {"claim_submitted": _SUBMIT, "claim_accepted": _ACCEPT,
-                                 "claim_rejected": _REJECT}
+_CODES: Final[dict[str, int]] = {EVENT.claim_submitted: _SUBMIT, EVENT.claim_accepted: _ACCEPT,
+                                 EVENT.claim_rejected: _REJECT}
 # per-id state columns
 _FIRST, _SUB, _REJ, _LIVE, _PREV = range(5)
-# rows of kv_claim_ev held before one INSERT
+# rows held before one INSERT per table
 _FLUSH_ROWS: Final[int] = 500_000
 
 _EV_DDL: Final[str] = (
@@ -56,18 +81,22 @@ _EV_DDL: Final[str] = (
 _SUBS_DDL: Final[str] = (
     "CREATE OR REPLACE TEMP TABLE kv_claim_subs (run_id VARCHAR, claim_id VARCHAR, "
     "sub_seq BIGINT, rejected_seq BIGINT, prev_live_seq BIGINT)")
+_STAGE_DDL: Final[str] = (f"CREATE OR REPLACE TEMP TABLE kv_stage_events AS SELECT "
+                          f"{', '.join(STAGE_COLUMNS)} FROM events LIMIT 0")
 # NOTE: only for a connection whose events are not in files (an in-memory table already)
-_RUN_SQL: Final[str] = (f"SELECT {', '.join(CLAIM_COLUMNS)} FROM events WHERE run_id = $rid "
-                        r"AND claim_id IS NOT NULL AND event LIKE 'claim\_%' ESCAPE '\' "
-                        "ORDER BY seq")
+_RUN_SQL: Final[str] = (
+    f"SELECT {', '.join(COLUMNS)} FROM events WHERE run_id = $rid AND ("
+    r"(claim_id IS NOT NULL AND event LIKE 'claim\_%' ESCAPE '\') OR event IN ("
+    + ", ".join(sql_string(e) for e in sorted(STAGE_EVENTS)) + ")) ORDER BY seq")
 
 
 @numba.njit(cache=True)
 def _claim_seqs(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, state: np.ndarray,
                 subs: np.ndarray, nsubs: int) -> tuple[np.ndarray, int]:
     """``claim_seq`` of each claim event (``code``: its id's row of ``state``); a closed
-    submission window appends (id, sub_seq, rejected_seq, prev_live_seq) to ``subs``
-    (room for one row per submission in the batch is the caller's). Seqs are -1 for none."""
+    submission window appends (id, sub_seq, rejected_seq, prev_live_seq) to ``subs`` from row
+    ``nsubs`` on (room for one row per submission in the batch is the caller's: a window closes
+    only when a submission of its id arrives). Seqs are -1 for none."""
     out = np.empty(seq.shape[0], dtype=np.int64)
     for i in range(seq.shape[0]):
         c = code[i]
@@ -115,17 +144,24 @@ class _Ids:
         self.code: dict[str, int] = {}
         self.names: list[str] = []
         self.state = np.full((64, 5), -1, dtype=np.int64)
+        # the last dictionary coded, and its codes: a file's batches carry their row group's
+        # (comparing it is a memcmp; coding it again, a dict lookup per id)
+        self.words: pa.Array | None = None
+        self.table = np.zeros(1, dtype=np.int64)
 
     def codes(self, ids: pa.Array) -> np.ndarray:
         """The code of each id (new ones get the next codes; state grows to hold them)."""
         enc = ids if pa.types.is_dictionary(ids.type) else pc.dictionary_encode(ids)
-        table = np.empty(max(1, len(enc.dictionary)), dtype=np.int64)
-        for j, name in enumerate(enc.dictionary.to_pylist()):
-            c = self.code.get(name)
-            if c is None:
-                c = self.code[name] = len(self.names)
-                self.names.append(name)
-            table[j] = c
+        if self.words is None or not enc.dictionary.equals(self.words):
+            self.words = enc.dictionary
+            self.table = np.empty(max(1, len(enc.dictionary)), dtype=np.int64)
+            for j, name in enumerate(enc.dictionary.to_pylist()):
+                c = self.code.get(name)
+                if c is None:
+                    c = self.code[name] = len(self.names)
+                    self.names.append(name)
+                self.table[j] = c
+        table = self.table
         if len(self.names) > self.state.shape[0]:
             grown = np.full((2 * len(self.names), 5), -1, dtype=np.int64)
             grown[:self.state.shape[0]] = self.state
@@ -133,18 +169,16 @@ class _Ids:
         return table[enc.indices.to_numpy(zero_copy_only=False)]
 
 
-def _claim_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The batch's claim events: an event named ``claim_*`` with a ``claim_id``."""
+def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of the batch are claim events (named ``claim_*``, with a ``claim_id``) and
+    which are ``STAGE_EVENTS``."""
     event = batch.column("event")
-    if pa.types.is_dictionary(event.type):
-        words = event.dictionary.to_pylist()
-        is_claim = np.array([w.startswith("claim_") for w in words] + [False])
-        mask = is_claim[event.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)]
-    else:
-        mask = pc.fill_null(pc.starts_with(event, "claim_"), False).to_numpy(
-            zero_copy_only=False)
-    mask &= batch.column("claim_id").is_valid().to_numpy(zero_copy_only=False)
-    return batch.filter(pa.array(mask))
+    enc = event if pa.types.is_dictionary(event.type) else pc.dictionary_encode(event)
+    words = enc.dictionary.to_pylist()
+    idx = enc.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)
+    is_claim = np.array([w.startswith("claim_") for w in words] + [False])[idx]
+    is_claim &= batch.column("claim_id").is_valid().to_numpy(zero_copy_only=False)
+    return is_claim, np.array([w in STAGE_EVENTS for w in words] + [False])[idx]
 
 
 def _event_codes(event: pa.Array) -> np.ndarray:
@@ -164,16 +198,14 @@ class _Out:
 
     def __init__(self, con: Any) -> None:
         self.con = con
-        self.ev: list[pa.Table] = []
-        self.subs: list[pa.Table] = []
+        self.held: dict[str, list[pa.Table]] = {
+            "kv_claim_ev": [], "kv_claim_subs": [], "kv_stage_events": []}
         self.rows = 0
 
-    def add(self, ev: pa.Table | None = None, subs: pa.Table | None = None) -> None:
-        if ev is not None:
-            self.ev.append(ev)
-            self.rows += ev.num_rows
-        if subs is not None:
-            self.subs.append(subs)
+    def add(self, table: str, data: pa.Table) -> None:
+        if data.num_rows:
+            self.held[table].append(data)
+            self.rows += data.num_rows
         if self.rows >= _FLUSH_ROWS:
             self.flush()
 
@@ -181,7 +213,7 @@ class _Out:
         threads = self.con.execute("SELECT current_setting('threads')").fetchall()[0][0]
         self.con.execute("SET threads = 1")
         try:
-            for table, held in (("kv_claim_ev", self.ev), ("kv_claim_subs", self.subs)):
+            for table, held in self.held.items():
                 if not held:
                     continue
                 self.con.register("kv_identity_in", pa.concat_tables(
@@ -197,56 +229,64 @@ class _Out:
 
 
 def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
-    """Give one run's claim events their instance; hand them and its submissions to ``out``."""
+    """One run: its claim events with their instance, its submissions, its stage events."""
     ids = _Ids()
-    subs = np.empty((0, 4), dtype=np.int64)
-    nsubs = 0
     last = -(1 << 62)
     run_id = pa.array([rid])
+
+    def run_ids(n: int) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), run_id)
+
+    def add_subs(rows: np.ndarray) -> None:
+        # NOTE: handed over batch by batch: a run's submissions are never held whole
+        out.add("kv_claim_subs", pa.table({
+            "run_id": run_ids(rows.shape[0]),
+            "claim_id": pa.array(ids.names, pa.string()).take(pa.array(rows[:, 0])),
+            "sub_seq": pa.array(rows[:, 1]),
+            "rejected_seq": pa.array(rows[:, 2], mask=rows[:, 2] < 0),
+            "prev_live_seq": pa.array(rows[:, 3], mask=rows[:, 3] < 0)}))
+
     for batch in batches:
-        b = _claim_rows(batch)
-        if b.num_rows == 0:
+        is_claim, is_stage = _masks(batch)
+        # NOTE: each table's columns are selected before its rows are: a filter copies every
+        # column it is given
+        if is_stage.any():
+            b = batch.select(STAGE_COLUMNS[1:]).filter(pa.array(is_stage))
+            out.add("kv_stage_events", pa.table(
+                {c: run_ids(b.num_rows) if c == "run_id" else b.column(c) for c in STAGE_COLUMNS}))
+        if not is_claim.any():
             continue
+        b = batch.select(CLAIM_COLUMNS).filter(pa.array(is_claim))
         seq = b.column("seq").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         if seq[0] < last or not bool(np.all(seq[1:] >= seq[:-1])):
             raise ValueError(f"run {rid}: events not in seq order")
         last = int(seq[-1])
         code = ids.codes(b.column("claim_id"))
         ev = _event_codes(b.column("event"))
-        need = nsubs + int(np.count_nonzero(ev == _SUBMIT))
-        if need > subs.shape[0]:
-            grown = np.empty((max(need, 2 * subs.shape[0]), 4), dtype=np.int64)
-            grown[:nsubs] = subs[:nsubs]
-            subs = grown
-        claim_seq, nsubs = _claim_seqs(seq, ev, code, ids.state, subs, nsubs)
-        cols = {"run_id": pa.DictionaryArray.from_arrays(
-            pa.array(np.zeros(b.num_rows, dtype=np.int32)), run_id),
-            "claim_seq": pa.array(claim_seq)}
-        out.add(ev=pa.table({c: cols[c] if c in cols else b.column(c) for c in _EV_ORDER}))
+        # room for every submission window the batch can close: one per submission in it
+        subs = np.empty((int(np.count_nonzero(ev == _SUBMIT)), 4), dtype=np.int64)
+        claim_seq, nsubs = _claim_seqs(seq, ev, code, ids.state, subs, 0)
+        if nsubs:
+            add_subs(subs[:nsubs])
+        cols = {"run_id": run_ids(b.num_rows), "claim_seq": pa.array(claim_seq)}
+        out.add("kv_claim_ev",
+                pa.table({c: cols[c] if c in cols else b.column(c) for c in _EV_ORDER}))
     # the windows still open at the run's end
     open_ids = np.flatnonzero(ids.state[:len(ids.names), _SUB] >= 0)
-    tail = np.column_stack([open_ids, ids.state[open_ids, _SUB], ids.state[open_ids, _REJ],
-                            ids.state[open_ids, _PREV]]).astype(np.int64)
-    rows = np.concatenate([subs[:nsubs], tail])
-    if rows.shape[0]:
-        out.add(subs=pa.table({
-            "run_id": pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(rows.shape[0], dtype=np.int32)), run_id),
-            "claim_id": pa.array(ids.names, pa.string()).take(pa.array(rows[:, 0])),
-            "sub_seq": pa.array(rows[:, 1]),
-            "rejected_seq": pa.array(rows[:, 2], mask=rows[:, 2] < 0),
-            "prev_live_seq": pa.array(rows[:, 3], mask=rows[:, 3] < 0)}))
+    add_subs(np.column_stack([open_ids, ids.state[open_ids, _SUB], ids.state[open_ids, _REJ],
+                              ids.state[open_ids, _PREV]]).astype(np.int64))
 
 
 def build(con: Any, *, sources: Callable[[str], Iterator[pa.RecordBatch]] | None = None,
           persist: bool = False) -> None:
-    """Write ``kv_claim_ev`` and ``kv_claim_subs`` for every run of ``kv_runs``.
+    """Write ``kv_claim_ev``, ``kv_claim_subs`` and ``kv_stage_events`` for every run of
+    ``kv_runs``.
 
-    ``sources(run_id)`` yields the run's events (loader schema, ``CLAIM_COLUMNS`` at least) in
+    ``sources(run_id)`` yields the run's events (loader schema, ``COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
     TEMP tables unless ``persist`` (``labels.persistence``)."""
-    con.execute(persistence(_EV_DDL, persist))
-    con.execute(persistence(_SUBS_DDL, persist))
+    for ddl in (_EV_DDL, _SUBS_DDL, _STAGE_DDL):
+        con.execute(persistence(ddl, persist))
     out = _Out(con)
     for (rid,) in con.execute("SELECT run_id FROM kv_runs ORDER BY run_id").fetchall():
         batches = (sources(rid) if sources is not None else

@@ -32,26 +32,11 @@
 -- NOTE: the runtime (recorder/arbiter.py) counts protected + its own required only; a
 -- difference in any figure is a finding (07_findings.sql), never copied into the rebuilt one.
 
--- The events stages 05-07 read besides the block timeline, scanned once: request decisions
--- and lifecycle, claim lifecycle and runtime reports after submission, resets, gaps and hook
--- failures, with the columns those stages read.
--- NOTE: the one scan of `events` for these kinds; 06_outcomes, 07_findings and 08_conformance
--- read this table. Block events and claim bindings, the bulk of a trace, are left out, and so
--- are the columns nobody reads here (reading all of `events`' columns costs several times more).
-CREATE OR REPLACE TEMP TABLE kv_stage_events AS
-SELECT run_id, seq, ts_ns, step, event, request_id, tenant, claim_id, block_hash,
-       -- decisions and requests
-       num_prompt_tokens, protected_blocks, blocks_required, usable_blocks, free_blocks,
-       shortfall_blocks, blocking_claim_ids, finish_reason, num_cached_tokens,
-       num_output_tokens,
-       -- releases, refusals, gaps, hook failures
-       reason, released_by, first_seq, last_seq, events_dropped, hook, error_type
-FROM events
-WHERE event IN ({event.request_arrived}, {event.request_admitted}, {event.request_deferred}, {event.request_refused},
-                {event.request_preempted}, {event.request_finished}, {event.reuse_denied}, {event.claim_accepted},
-                {event.claim_rejected}, {event.claim_demoted}, {event.claim_expired}, {event.claim_released},
-                {event.claim_release_refused}, {event.claim_materialized}, {event.claim_harmed}, {event.cache_reset},
-                {event.recorder_gap}, {event.hook_failed});
+-- NOTE: `kv_stage_events`, the events stages 05-08 read besides the block timeline (request
+-- decisions and lifecycle, claim lifecycle and runtime reports after submission, resets, gaps
+-- and hook failures, with the columns those stages read: identity.STAGE_EVENTS and
+-- STAGE_COLUMNS), is written in stage 02 by reconstruct/identity.py's pass over each run's
+-- events, which reads those columns for the claim events anyway: no scan of `events` here.
 
 -- A request's block events, one row per (request, scheduler step), or per event when the
 -- trace has no steps (the stepless admission join below needs each one's seq):
