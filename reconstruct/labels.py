@@ -1611,10 +1611,11 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             reset_ts_rows[j] = reset_rows[seq_to_row[int(L[j, L_SEQ])]]
     ts_take = pa.array(np.where(real, rows, reset_ts_rows))
     loss_ts = ts.take(ts_take)
-    cause = pc.if_else(pa.array(real), t.column("cause").combine_chunks().take(take),
-                       pa.scalar("reset"))
-    by_req = pc.if_else(pa.array(real), t.column("by_request_id").combine_chunks().take(take),
-                        pa.scalar(None, pa.string()))
+    cause = t.column("cause").combine_chunks().take(take)
+    by_req = t.column("by_request_id").combine_chunks().take(take)
+    if not real.all():   # a reset's synthetic losses (else no second copy of the strings)
+        cause = pc.if_else(pa.array(real), cause, pa.scalar("reset"))
+        by_req = pc.if_else(pa.array(real), by_req, pa.scalar(None, pa.string()))
     hash_ok = L[:, L_HASH_OK] == 1
     block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
     pair_inst = P[:, P_INST]
@@ -1718,11 +1719,12 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "block_hash": pa.array(W[:, 1].view(np.uint64)),
             "start_seq": pa.array(W[:, 2]), "end_seq": pa.array(W[:, 3]),
             "end_kind": pa.array(["overwritten"] * W.shape[0], pa.string())}))
+    request_id = t.column("request_id").combine_chunks()   # once, for the three tables below
     if PH.shape[0]:
         sink.add("kv_protected_hits", pa.table({
             "run_id": _const(rid, PH.shape[0]),
             "seq": pa.array(seq[PH]),
-            "request_id": t.column("request_id").combine_chunks().take(pa.array(PH))}))
+            "request_id": request_id.take(pa.array(PH))}))
     if X.shape[0]:
         xrows = pa.array(X[:, 0])
         sink.add("kv_hit_contradictions", pa.table({
@@ -1731,7 +1733,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "block_id": pa.array(bid[X[:, 0]].astype(np.int32)),
             "block_hash": _opt(X[:, 1].view(np.uint64), X[:, 2] == 1, pa.uint64()),
             "held_hash": _opt(X[:, 3].view(np.uint64), X[:, 4] == 1, pa.uint64()),
-            "request_id": t.column("request_id").combine_chunks().take(xrows),
+            "request_id": request_id.take(xrows),
             "step": _opt(step[X[:, 0]], step_ok[X[:, 0]], pa.int64())}))
     if Y.shape[0]:
         sink.add("kv_release_freed", pa.table({
@@ -1748,7 +1750,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         sink.add("kv_admission_state", pa.table({
             "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
-            "request_id": t.column("request_id").combine_chunks().take(pa.array(A[:, A_ROW])),
+            "request_id": request_id.take(pa.array(A[:, A_ROW])),
             "protected_blocks": pa.array(A[:, A_PROT]),
             "protected_claim_seqs": pa.ListArray.from_arrays(
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
