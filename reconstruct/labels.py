@@ -25,8 +25,8 @@ NOTE: memory is the run's state (a few int64 per block, hash, slot and instance)
 of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
 spills them) in one INSERT per table each time that many are held, and at the end. The hashes
 held are those resident, or bound and named by a later event of the run (``kv_hash_last``, one
-DuckDB aggregate per run): a bound hash no later event names is forgotten with its bindings once
-it has no copy. The slot and instance tables hold an instance from its claim_seq until no
+DuckDB aggregate for all runs): a bound hash no later event names is forgotten with its bindings
+once it has no copy. The slot and instance tables hold an instance from its claim_seq until no
 later event can reach it (``_Run.enter`` / ``_Run.leave``); the instances' facts (a few columns
 each) are read once per run and still grow with its length.
 NOTE: a window always ends at the end of a scheduler step, so a step's losses are judged in the
@@ -1087,8 +1087,16 @@ PAIR_FACTS: Final[dict[str, str]] = {
     "accepted_seq": "accepted_seq", "release_seq": "release_seq",
     "release_event": "release_event"}
 
-_FACTS_SQL: Final[str] = """
-SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
+# NOTE: the pass's per-run inputs are made for every run at once, each run's rows together
+# (``r``: the run's place in run_id order, what a zonemap prunes on): one query per run over
+# ``events`` (a view over every run's Parquet file) or over stage 02's tables read them all
+# again for each run (at 2 M mixed events, 64 runs: 6.4 of the pass's 10.3 CPU-s).
+_RUN_NUMBERS: Final[str] = (
+    "(SELECT run_id, (row_number() OVER (ORDER BY run_id) - 1)::INTEGER AS r FROM kv_runs)")
+
+_FACTS_SQL: Final[str] = f"""
+CREATE OR REPLACE TEMP TABLE kv_pass_facts AS
+SELECT n.r, f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_mode,
        f.submitted_seq IS NOT NULL AS submitted, coalesce(f.accepted_seq, -1) AS acc,
        coalesce(f.release_seq, -1) AS rel, f.release_event,
        coalesce(s.rejected_seq, -1) AS rej, coalesce(s.prev_live_seq, -1) AS prev_live_seq,
@@ -1096,20 +1104,27 @@ SELECT f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protection_m
        f.tenant, f.k AS k_declared, f.accepted_seq, f.release_seq,
        coalesce(l.last_ev, f.claim_seq) AS last_ev
 FROM kv_claim_facts f
+JOIN {_RUN_NUMBERS} n ON n.run_id = f.run_id
 LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
-LEFT JOIN (SELECT claim_seq, max(seq) AS last_ev FROM kv_claim_ev WHERE run_id = $rid
-           GROUP BY claim_seq) l ON l.claim_seq = f.claim_seq
-WHERE f.run_id = $rid ORDER BY f.claim_seq
+LEFT JOIN (SELECT run_id, claim_seq, max(seq) AS last_ev FROM kv_claim_ev
+           GROUP BY run_id, claim_seq) l ON l.run_id = f.run_id AND l.claim_seq = f.claim_seq
+ORDER BY n.r, f.claim_seq
 """
+_RUN_FACTS_SQL: Final[str] = ("SELECT * EXCLUDE (r) FROM kv_pass_facts WHERE r = $r "
+                               "ORDER BY claim_seq")
 
-# Each content hash of a run with the seq of the last event that names it, in that order: the
-# pass marks a hash dead once its windows are past that seq (``_Run.forget``).
-_HASH_LAST_SQL: Final[str] = """
+# Each content hash of each run with the seq of the last event that names it, in that order:
+# the pass marks a hash dead once its windows are past that seq (``_Run.forget``).
+_HASH_LAST_SQL: Final[str] = f"""
 CREATE OR REPLACE TEMP TABLE kv_hash_last AS
-SELECT block_hash AS h, max(seq) AS last_seq FROM events
-WHERE run_id = $rid AND block_hash IS NOT NULL GROUP BY block_hash ORDER BY last_seq
+SELECT n.r, e.h, e.last_seq
+FROM (SELECT run_id, block_hash AS h, max(seq) AS last_seq FROM events
+      WHERE block_hash IS NOT NULL GROUP BY run_id, block_hash) e
+JOIN {_RUN_NUMBERS} n ON n.run_id = e.run_id
+ORDER BY n.r, e.last_seq
 """
-_HASH_DEAD_SQL: Final[str] = "SELECT h FROM kv_hash_last WHERE last_seq > $lo AND last_seq <= $hi"
+_HASH_DEAD_SQL: Final[str] = ("SELECT h FROM kv_hash_last "
+                              "WHERE r = $r AND last_seq > $lo AND last_seq <= $hi")
 
 #: The most a run's pass held at once in the last ``build``: content-hash entries (live hashes
 #: and those not yet collected), what the hash table's size follows; claim instances (those a
@@ -1156,14 +1171,13 @@ def persistence(stmt: str, persist: bool) -> str:
 class _Run:
     """One run's state between windows."""
 
-    def __init__(self, con: Any, rid: str, unknown_from: int | None,
-                 persist: bool = False) -> None:
+    def __init__(self, con: Any, rid: str, r: int, unknown_from: int | None) -> None:
         self.rid = rid
+        self.r = r   # the run's place in run_id order (``kv_hash_last``, ``kv_pass_facts``)
         self.con = con
-        con.execute(persistence(_HASH_LAST_SQL, persist), {"rid": rid})
         self.named_to = -(1 << 62)   # hashes last named at or before this seq are marked dead
         self.unknown_from = -1 if unknown_from is None else int(unknown_from)
-        facts = con.sql(_FACTS_SQL, params={"rid": rid}).to_arrow_table()
+        facts = con.sql(_RUN_FACTS_SQL, params={"r": r}).to_arrow_table()
         self.fseq = facts.column("claim_seq").to_numpy().astype(np.int64)
         # claim ids of the instances, dictionary-encoded: takes by instance are int takes
         self.fclaim = pc.dictionary_encode(facts.column("claim_id").combine_chunks())
@@ -1313,16 +1327,13 @@ class _Run:
     def forget(self, seq: int) -> None:
         """Mark dead the hashes no event after ``seq`` names (the pass is past ``seq``); the
         next rebuild of the hash table forgets those without a copy, with their bindings."""
-        dead = self.con.sql(_HASH_DEAD_SQL, params={"lo": self.named_to, "hi": seq}) \
+        dead = self.con.sql(_HASH_DEAD_SQL,
+                            params={"r": self.r, "lo": self.named_to, "hi": seq}) \
             .to_arrow_table().column("h").to_numpy().astype(np.uint64)
         self.named_to = seq
         if dead.size:
             _mark_dead(self.hkeys, self.hvals, self.HS, dead)
         HELD["hashes"] = max(HELD["hashes"], int(self.hused[0] - self.hused[1]))
-
-    def close(self) -> None:
-        """Drop the run's hash table of last seqs."""
-        self.con.execute("DROP TABLE IF EXISTS kv_hash_last")
 
     def codes(self, claim_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """The codes of ``claim_ids`` (their places in ``ids``); -1 for an id not in the run's
@@ -1600,10 +1611,11 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             reset_ts_rows[j] = reset_rows[seq_to_row[int(L[j, L_SEQ])]]
     ts_take = pa.array(np.where(real, rows, reset_ts_rows))
     loss_ts = ts.take(ts_take)
-    cause = pc.if_else(pa.array(real), t.column("cause").combine_chunks().take(take),
-                       pa.scalar("reset"))
-    by_req = pc.if_else(pa.array(real), t.column("by_request_id").combine_chunks().take(take),
-                        pa.scalar(None, pa.string()))
+    cause = t.column("cause").combine_chunks().take(take)
+    by_req = t.column("by_request_id").combine_chunks().take(take)
+    if not real.all():   # a reset's synthetic losses (else no second copy of the strings)
+        cause = pc.if_else(pa.array(real), cause, pa.scalar("reset"))
+        by_req = pc.if_else(pa.array(real), by_req, pa.scalar(None, pa.string()))
     hash_ok = L[:, L_HASH_OK] == 1
     block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
     pair_inst = P[:, P_INST]
@@ -1707,11 +1719,12 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "block_hash": pa.array(W[:, 1].view(np.uint64)),
             "start_seq": pa.array(W[:, 2]), "end_seq": pa.array(W[:, 3]),
             "end_kind": pa.array(["overwritten"] * W.shape[0], pa.string())}))
+    request_id = t.column("request_id").combine_chunks()   # once, for the three tables below
     if PH.shape[0]:
         sink.add("kv_protected_hits", pa.table({
             "run_id": _const(rid, PH.shape[0]),
             "seq": pa.array(seq[PH]),
-            "request_id": t.column("request_id").combine_chunks().take(pa.array(PH))}))
+            "request_id": request_id.take(pa.array(PH))}))
     if X.shape[0]:
         xrows = pa.array(X[:, 0])
         sink.add("kv_hit_contradictions", pa.table({
@@ -1720,7 +1733,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "block_id": pa.array(bid[X[:, 0]].astype(np.int32)),
             "block_hash": _opt(X[:, 1].view(np.uint64), X[:, 2] == 1, pa.uint64()),
             "held_hash": _opt(X[:, 3].view(np.uint64), X[:, 4] == 1, pa.uint64()),
-            "request_id": t.column("request_id").combine_chunks().take(xrows),
+            "request_id": request_id.take(xrows),
             "step": _opt(step[X[:, 0]], step_ok[X[:, 0]], pa.int64())}))
     if Y.shape[0]:
         sink.add("kv_release_freed", pa.table({
@@ -1737,7 +1750,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         sink.add("kv_admission_state", pa.table({
             "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
-            "request_id": t.column("request_id").combine_chunks().take(pa.array(A[:, A_ROW])),
+            "request_id": request_id.take(pa.array(A[:, A_ROW])),
             "protected_blocks": pa.array(A[:, A_PROT]),
             "protected_claim_seqs": pa.ListArray.from_arrays(
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
@@ -1785,8 +1798,10 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
     sink = _Sink(con)
     HELD["hashes"] = HELD["instances"] = 0
     try:
-        for rid, unknown_from in runs:
-            run = _Run(con, rid, unknown_from, persist)
+        con.execute(persistence(_HASH_LAST_SQL, persist))
+        con.execute(persistence(_FACTS_SQL, persist))
+        for r, (rid, unknown_from) in enumerate(runs):
+            run = _Run(con, rid, r, unknown_from)
             sink.start_run(run)
             # NOTE: without files, the run's events are fetched whole (they are an in-memory
             # table then): an open reader would block the queries the pass makes per window
@@ -1806,7 +1821,8 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
                 if progress is not None:
                     progress(t.num_rows)
             _finish(run, sink)
-            run.close()
         sink.close()
+        con.execute("DROP TABLE IF EXISTS kv_hash_last")
+        con.execute("DROP TABLE IF EXISTS kv_pass_facts")
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")
