@@ -12,13 +12,13 @@ events before any submit form the instance named by the first of them. Writes:
 - ``kv_claim_subs``: one row per submission: its first rejection and the latest earlier
   submission of its id never rejected (``prev_live_seq``), which the labelling pass reads;
 - ``kv_stage_events``: the events stages 05-08 read besides block events and bindings
-  (``STAGE_EVENTS``, ``STAGE_COLUMNS``), from the same read: where DuckDB once scanned every
-  event's columns again for them.
+  (``STAGE_EVENTS``, ``STAGE_COLUMNS``), from the same read (a scan of its own decodes
+  those columns for every event again).
 
 NOTE: every fact of the rule is known when the pass reaches the event (a decision follows its
-submission, so a submission's window is closed when the next one of its id arrives): no window
-function and no sort, where stage 02 once sorted every claim event by (id, seq). Memory is
-five integers and the name per claim id of the run (the ids are the run's, not its events).
+submission, so a submission's window is closed when the next one of its id arrives): no sort
+(the rule as window functions sorts every claim event by id and seq). Memory is five integers
+and the name per claim id of the run (the ids are the run's, not its events).
 """
 
 from __future__ import annotations
@@ -92,12 +92,13 @@ _RUN_SQL: Final[str] = (
 
 @numba.njit(cache=True)
 def _claim_seqs(seq: np.ndarray, ev: np.ndarray, code: np.ndarray, state: np.ndarray,
-                subs: np.ndarray, nsubs: int) -> tuple[np.ndarray, int]:
-    """``claim_seq`` of each claim event (``code``: its id's row of ``state``); a closed
-    submission window appends (id, sub_seq, rejected_seq, prev_live_seq) to ``subs`` from row
-    ``nsubs`` on (room for one row per submission in the batch is the caller's: a window closes
-    only when a submission of its id arrives). Seqs are -1 for none."""
+                subs: np.ndarray) -> tuple[np.ndarray, int]:
+    """``claim_seq`` of each claim event (``code``: its id's row of ``state``), and how many
+    submission windows closed: each as a row (id, sub_seq, rejected_seq, prev_live_seq) of
+    ``subs`` (room for one per submission in the batch is the caller's: a window closes only
+    when a submission of its id arrives). Seqs are -1 for none."""
     out = np.empty(seq.shape[0], dtype=np.int64)
+    nsubs = 0
     for i in range(seq.shape[0]):
         c = code[i]
         s = seq[i]
@@ -265,7 +266,7 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
         ev = _event_codes(b.column("event"))
         # room for every submission window the batch can close: one per submission in it
         subs = np.empty((int(np.count_nonzero(ev == _SUBMIT)), 4), dtype=np.int64)
-        claim_seq, nsubs = _claim_seqs(seq, ev, code, ids.state, subs, 0)
+        claim_seq, nsubs = _claim_seqs(seq, ev, code, ids.state, subs)
         if nsubs:
             add_subs(subs[:nsubs])
         cols = {"run_id": run_ids(b.num_rows), "claim_seq": pa.array(claim_seq)}
