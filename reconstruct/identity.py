@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvclaims.contract.vocabulary import EVENT, sql_string
-from kvclaims.reconstruct.labels import persistence
+from kvclaims.reconstruct.labels import insert_held, persistence
 
 #: The events columns ``kv_claim_ev`` keeps (besides ``run_id`` and ``claim_seq``), in its order.
 CLAIM_COLUMNS: Final[tuple[str, ...]] = (
@@ -190,12 +190,10 @@ def _event_codes(event: pa.Array) -> np.ndarray:
 
 
 class _Out:
-    """The rows of both tables held across runs, handed to DuckDB in one INSERT per table
-    every ``_FLUSH_ROWS`` claim events and at the end.
+    """The rows of the three tables held across runs, handed to DuckDB in one INSERT per table
+    (``labels.insert_held``) every ``_FLUSH_ROWS`` rows held and at the end.
 
-    NOTE: one thread, as the labelling pass's ``_Sink``: an INSERT of Arrow in insertion order
-    gains nothing from more; and not one INSERT per run (a trace of many short runs paid
-    several ms each)."""
+    NOTE: not one INSERT per run: a trace of many short runs paid several ms each."""
 
     def __init__(self, con: Any) -> None:
         self.con = con
@@ -211,21 +209,7 @@ class _Out:
             self.flush()
 
     def flush(self) -> None:
-        threads = self.con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-        self.con.execute("SET threads = 1")
-        try:
-            for table, held in self.held.items():
-                if not held:
-                    continue
-                self.con.register("kv_identity_in", pa.concat_tables(
-                    held, promote_options="permissive"))
-                try:
-                    self.con.execute(f"INSERT INTO {table} SELECT * FROM kv_identity_in")
-                finally:
-                    self.con.unregister("kv_identity_in")
-                held.clear()
-        finally:
-            self.con.execute("SET threads = ?", [int(threads)])
+        insert_held(self.con, self.held)
         self.rows = 0
 
 
