@@ -6,9 +6,10 @@ turned into dense integer indices; per-block, per-hash, per-slot (claim position
 per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled with numba)
 applies every event and emits:
 
-- ``kv_losses`` / ``losses``: one row per block loss (every ``block_evicted`` and one synthetic
-  row per block holding content at a ``cache_reset``) with its label, and what conformance
-  reads of it (``covered``, ``covered_harm``, ``pinned_in_force``);
+- ``kv_losses`` (renamed ``losses`` by stage 04): one row per block loss (every
+  ``block_evicted`` and one synthetic row per block holding content at a ``cache_reset``) with
+  its label, and what stages 07-08 read of it (``reported_hash``, ``held_hash``,
+  ``pinned_in_force``, ``covered``, ``covered_harm``; dropped when 08 ends);
 - ``loss_claims``: one row per (loss, claim instance with a current binding to the lost hash);
 - ``kv_materialized``: when each instance's predicate first held while it was in force;
 - ``kv_pred``: the intervals ``[from_seq, to_seq)`` where an instance's predicate holds
@@ -1047,7 +1048,7 @@ DDL: Final[tuple[str, ...]] = (
         cause VARCHAR, by_request_id VARCHAR, label VARCHAR, claim_ids VARCHAR[],
         decided_by_seq BIGINT, decided_by_claim_id VARCHAR, claim_seq BIGINT,
         was_resident BOOLEAN, synthetic BOOLEAN, step BIGINT, repaired_in_step BOOLEAN,
-        reported_hash UBIGINT, held_hash UBIGINT, bound BOOLEAN, pinned_in_force BOOLEAN,
+        reported_hash UBIGINT, held_hash UBIGINT, pinned_in_force BOOLEAN,
         covered BOOLEAN, covered_harm BOOLEAN)""",
     """CREATE OR REPLACE TEMP TABLE kv_pred (
         run_id VARCHAR, claim_id VARCHAR, claim_seq BIGINT, from_seq BIGINT, to_seq BIGINT)""",
@@ -1666,7 +1667,6 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         "repaired_in_step": pa.array(L[:, L_REPAIRED] == 1),
         "reported_hash": _opt(L[:, L_REP].view(np.uint64), L[:, L_REP_OK] == 1, pa.uint64()),
         "held_hash": _opt(L[:, L_HELD].view(np.uint64), L[:, L_HELD_OK] == 1, pa.uint64()),
-        "bound": pa.array(L[:, L_P1] > L[:, L_P0]),
         "pinned_in_force": pa.array(pinned_in_force(run.pin_from, run.pin_to, L[:, L_SEQ])),
         "covered": pa.array(covered & loss_bid_ok),
         "covered_harm": pa.array(covered_harm & loss_bid_ok),
@@ -1789,8 +1789,8 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
           window: int | None = None, progress: Callable[[int], None] | None = None,
           persist: bool = False) -> None:
     """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); fill
-    the tables listed in the module docstring (except ``losses``, which stage 04's SQL
-    selects from ``kv_losses``). They are TEMP tables unless ``persist`` (``persistence``).
+    the tables listed in the module docstring (``kv_losses`` becomes ``losses`` in stage 04).
+    They are TEMP tables unless ``persist`` (``persistence``).
 
     ``sources(run_id)`` yields the run's events (loader schema, ``PASS_COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
