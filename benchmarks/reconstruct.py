@@ -449,7 +449,7 @@ def dominant(r: dict[str, Any]) -> str:
     if name == core.PASS_STAGE:
         parts = r["pass_parts"]
         text += (f"; its parts (wall s): input {parts['input']:.1f}, loop {parts['loop']:.1f}, "
-                 f"outputs as Arrow {parts['window'] - parts['loop']:.1f}, "
+                 f"outputs as Arrow {parts['outputs']:.1f}, "
                  f"insert {parts['insert']:.1f}")
     return text
 
@@ -521,7 +521,8 @@ def fmt(r: dict[str, Any]) -> list[str]:
         f"  per stage (wall s)           {r['stages']}",
         f"  per stage (CPU s)            {r['stages_cpu']}",
         f"  03_pass parts (s)            {r['pass_parts']}  (input: Parquet -> coded Arrow "
-        "windows; loop: the compiled pass; window: loop + outputs as Arrow; insert: to DuckDB)",
+        "windows; loop: the compiled pass; outputs: state kept, outputs as Arrow; insert: to "
+        "DuckDB; disjoint)",
         *targets(r),
     ]
 
