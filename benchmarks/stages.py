@@ -5,7 +5,7 @@
                                 [--memory-limit 1GB]
 
 For each shape (the traces of benchmarks/reconstruct.py, written once under ``--work`` and
-reused), the events are read into a fresh DuckDB database as ``kvclaims.open`` does (a table,
+reused: the same cache as its ``--traces``, so one folder serves both), the events are read into a fresh DuckDB database as ``kvclaims.open`` does (a table,
 or a view over the runs' Parquet files where the core exposes them so), every stage runs once
 through ``core.run_stages``, and each statement's wall and CPU time is printed with the stage it
 belongs to and the table it makes, slowest first within a stage, under the stage's whole time
@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _report  # noqa: E402
-from benchmarks.reconstruct import write_shape  # noqa: E402
+from benchmarks.reconstruct import kept_traces  # noqa: E402
 from kvclaims.reconstruct import core, loader  # noqa: E402
 
 COMPARED = core.TABLE_NAMES + ("lowering",)
@@ -61,17 +61,6 @@ class TimedConnection:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)
-
-
-def shape_paths(work: Path, shape: str, events: int) -> list[Path]:
-    """The shape's run directories under ``work`` (written on first use)."""
-    done = work / f"{shape}-{events}.done"
-    root = work / f"{shape}-{events}"
-    if not done.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        paths, _ = write_shape(root, shape, events)
-        done.write_text("\n".join(str(p) for p in paths))
-    return [Path(p) for p in done.read_text().splitlines()]
 
 
 def time_stages(paths: list[Path], work: Path,
@@ -175,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, dict[str, tuple[float, float]]] = {}
     for shape in args.shapes.split(","):
         print(f"{shape} ({args.events:,} events)", flush=True)
-        paths = shape_paths(work, shape, args.events)
+        paths = kept_traces(work, shape, args.events)[0]
         con, timed, _n, tmp = time_stages(paths, work, args.memory_limit)
         try:
             per_stage = report(timed, only)

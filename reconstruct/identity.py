@@ -170,23 +170,19 @@ class _Ids:
         return table[enc.indices.to_numpy(zero_copy_only=False)]
 
 
-def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Which rows of the batch are claim events (named ``claim_*``, with a ``claim_id``) and
-    which are ``STAGE_EVENTS``."""
+def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which rows of the batch are claim events (named ``claim_*``, with a ``claim_id``), which
+    are ``STAGE_EVENTS``, and each row's event code for the rule (``_CODES``).
+
+    NOTE: the event names are coded once per batch; each answer is a lookup of their words."""
     event = batch.column("event")
     enc = event if pa.types.is_dictionary(event.type) else pc.dictionary_encode(event)
     words = enc.dictionary.to_pylist()
     idx = enc.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)
     is_claim = np.array([w.startswith("claim_") for w in words] + [False])[idx]
     is_claim &= batch.column("claim_id").is_valid().to_numpy(zero_copy_only=False)
-    return is_claim, np.array([w in STAGE_EVENTS for w in words] + [False])[idx]
-
-
-def _event_codes(event: pa.Array) -> np.ndarray:
-    enc = event if pa.types.is_dictionary(event.type) else pc.dictionary_encode(event)
-    table = np.array([_CODES.get(w, _OTHER) for w in enc.dictionary.to_pylist()] or [0],
-                     dtype=np.int8)
-    return table[enc.indices.to_numpy(zero_copy_only=False)]
+    codes = np.array([_CODES.get(w, _OTHER) for w in words] + [_OTHER], dtype=np.int8)[idx]
+    return is_claim, np.array([w in STAGE_EVENTS for w in words] + [False])[idx], codes
 
 
 class _Out:
@@ -232,7 +228,7 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
             "prev_live_seq": pa.array(rows[:, 3], mask=rows[:, 3] < 0)}))
 
     for batch in batches:
-        is_claim, is_stage = _masks(batch)
+        is_claim, is_stage, codes = _masks(batch)
         # NOTE: each table's columns are selected before its rows are: a filter copies every
         # column it is given
         if is_stage.any():
@@ -247,7 +243,7 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
             raise ValueError(f"run {rid}: events not in seq order")
         last = int(seq[-1])
         code = ids.codes(b.column("claim_id"))
-        ev = _event_codes(b.column("event"))
+        ev = codes[is_claim]
         # room for every submission window the batch can close: one per submission in it
         subs = np.empty((int(np.count_nonzero(ev == _SUBMIT)), 4), dtype=np.int64)
         claim_seq, nsubs = _claim_seqs(seq, ev, code, ids.state, subs)
