@@ -10,8 +10,8 @@ over a DuckDB connection that exposes the trace as the relation ``events``:
 ``03_pass``             the labelling pass, Python, no SQL file: one ordered, compiled pass per
                        run (``reconstruct/labels.py``): losses, labels, predicates, pool
                        snapshots (``PASS_TABLES``)
-``04_labels.sql``      ``losses``: the pass's ``kv_losses``, renamed (``loss_claims``, one row
-                       per loss x bound claim instance, is the pass's own output too)
+``04_labels.sql``      ``losses`` (``loss_claims``, one row per loss x bound claim instance,
+                       is the pass's own output)
 ``05_feasibility.sql`` ``feasibility``, rebuilt from the pass's pool snapshots
 ``06_outcomes.sql``    ``claims``, ``requests``
 ``07_findings.sql``    ``findings``: holes, disagreements with the runtime, violations, anomalies
@@ -63,10 +63,9 @@ STAGES: Final[tuple[str, ...]] = (
 #   kv_losses           block loss: run_id, seq, ts_ns, block_id, block_hash, cause,
 #                       by_request_id, label, claim_ids, decided_by_seq, decided_by_claim_id,
 #                       claim_seq (of the deciding instance), was_resident, synthetic, step,
-#                       repaired_in_step, then what stages 07-08 read of it: reported_hash,
-#                       held_hash, pinned_in_force (a pinning instance in force), covered /
-#                       covered_harm (a bound instance accepted before it; one labelling it
-#                       harm). Stage 04 renames it ``losses``; 08 drops those five at its end.
+#                       repaired_in_step, reported_hash, held_hash, pinned_in_force (a
+#                       pinning instance in force), covered / covered_harm (a bound
+#                       instance accepted before it; one labelling it harm)
 #   loss_claims         (loss, bound claim instance), in its final shape (the reconstructed
 #                       table; labels.LOSS_CLAIMS_DDL), the instance facts from kv_claim_facts
 #   kv_pred             interval where an instance's predicate holds: run_id, claim_id,

@@ -8,7 +8,9 @@ with the rule of stage 02: a ``claim_submitted`` starts a new instance and its d
 instance of its id not rejected before it, else the latest earlier one never rejected; an id's
 events before any submit form the instance named by the first of them. Writes:
 
-- ``kv_claim_ev``: the claim events with their ``claim_seq`` (no other event);
+- ``kv_claim_ev``: the claim events but bindings, with their ``claim_seq`` (no other event);
+- ``kv_claim_binds``: the bindings (``claim_bound``), with their ``claim_seq``: only the
+  columns stage 02 reads of them (``BIND_COLUMNS``);
 - ``kv_claim_subs``: one row per submission: its first rejection and the latest earlier
   submission of its id never rejected (``prev_live_seq``), which the labelling pass reads;
 - ``kv_stage_events``: the events stages 05-08 read besides block events and bindings
@@ -39,6 +41,11 @@ CLAIM_COLUMNS: Final[tuple[str, ...]] = (
     "seq", "ts_ns", "step", "event", "claim_id", "tenant", "request_id", "protection_mode",
     "threshold_blocks", "ttl_s", "value", "block_hash", "position", "reason", "by_request_id",
     "released_by")
+#: What ``kv_claim_binds`` keeps of a binding, in its order. NOTE: bindings are most claim
+#: events (one per bound block) and stage 02 reads four columns of them: a narrow table of
+#: their own, not rows of ``kv_claim_ev``'s sixteen columns (at 100 M events those spilled).
+BIND_COLUMNS: Final[tuple[str, ...]] = ("run_id", "seq", "claim_id", "claim_seq", "position",
+                                        "block_hash")
 #: The events stages 05-08 read besides block events and claim bindings (``kv_stage_events``:
 #: requests and their decisions, claim lifecycle and runtime reports after submission, resets,
 #: gaps, hook failures), and the columns those stages read of them, in the table's order.
@@ -81,6 +88,10 @@ _EV_DDL: Final[str] = (
 _SUBS_DDL: Final[str] = (
     "CREATE OR REPLACE TEMP TABLE kv_claim_subs (run_id VARCHAR, claim_id VARCHAR, "
     "sub_seq BIGINT, rejected_seq BIGINT, prev_live_seq BIGINT)")
+_BINDS_DDL: Final[str] = (
+    "CREATE OR REPLACE TEMP TABLE kv_claim_binds AS SELECT "
+    + ", ".join("NULL::BIGINT AS claim_seq" if c == "claim_seq" else c for c in BIND_COLUMNS)
+    + " FROM events LIMIT 0")
 _STAGE_DDL: Final[str] = (f"CREATE OR REPLACE TEMP TABLE kv_stage_events AS SELECT "
                           f"{', '.join(STAGE_COLUMNS)} FROM events LIMIT 0")
 # NOTE: only for a connection whose events are not in files (an in-memory table already)
@@ -170,9 +181,10 @@ class _Ids:
         return table[enc.indices.to_numpy(zero_copy_only=False)]
 
 
-def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Which rows of the batch are claim events (named ``claim_*``, with a ``claim_id``), which
-    are ``STAGE_EVENTS``, and each row's event code for the rule (``_CODES``).
+    are ``STAGE_EVENTS``, which are bindings, and each row's event code for the rule
+    (``_CODES``).
 
     NOTE: the event names are coded once per batch; each answer is a lookup of their words."""
     event = batch.column("event")
@@ -182,7 +194,8 @@ def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     is_claim = np.array([w.startswith("claim_") for w in words] + [False])[idx]
     is_claim &= batch.column("claim_id").is_valid().to_numpy(zero_copy_only=False)
     codes = np.array([_CODES.get(w, _OTHER) for w in words] + [_OTHER], dtype=np.int8)[idx]
-    return is_claim, np.array([w in STAGE_EVENTS for w in words] + [False])[idx], codes
+    is_bind = np.array([w == EVENT.claim_bound for w in words] + [False])[idx]
+    return is_claim, np.array([w in STAGE_EVENTS for w in words] + [False])[idx], is_bind, codes
 
 
 class _Out:
@@ -194,7 +207,7 @@ class _Out:
     def __init__(self, con: Any) -> None:
         self.con = con
         self.held: dict[str, list[pa.Table]] = {
-            "kv_claim_ev": [], "kv_claim_subs": [], "kv_stage_events": []}
+            "kv_claim_ev": [], "kv_claim_binds": [], "kv_claim_subs": [], "kv_stage_events": []}
         self.rows = 0
 
     def add(self, table: str, data: pa.Table) -> None:
@@ -228,7 +241,7 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
             "prev_live_seq": pa.array(rows[:, 3], mask=rows[:, 3] < 0)}))
 
     for batch in batches:
-        is_claim, is_stage, codes = _masks(batch)
+        is_claim, is_stage, is_bind, codes = _masks(batch)
         # NOTE: each table's columns are selected before its rows are: a filter copies every
         # column it is given
         if is_stage.any():
@@ -237,21 +250,27 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
                 {c: run_ids(b.num_rows) if c == "run_id" else b.column(c) for c in STAGE_COLUMNS}))
         if not is_claim.any():
             continue
-        b = batch.select(CLAIM_COLUMNS).filter(pa.array(is_claim))
-        seq = b.column("seq").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        seq = batch.column("seq").to_numpy(zero_copy_only=False)[is_claim].astype(
+            np.int64, copy=False)
         if seq[0] < last or not bool(np.all(seq[1:] >= seq[:-1])):
             raise ValueError(f"run {rid}: events not in seq order")
         last = int(seq[-1])
-        code = ids.codes(b.column("claim_id"))
+        code = ids.codes(batch.column("claim_id").filter(pa.array(is_claim)))
         ev = codes[is_claim]
         # room for every submission window the batch can close: one per submission in it
         subs = np.empty((int(np.count_nonzero(ev == _SUBMIT)), 4), dtype=np.int64)
         claim_seq, nsubs = _claim_seqs(seq, ev, code, ids.state, subs)
         if nsubs:
             add_subs(subs[:nsubs])
-        cols = {"run_id": run_ids(b.num_rows), "claim_seq": pa.array(claim_seq)}
-        out.add("kv_claim_ev",
-                pa.table({c: cols[c] if c in cols else b.column(c) for c in _EV_ORDER}))
+        for table, order, rows in (("kv_claim_binds", BIND_COLUMNS, is_claim & is_bind),
+                                   ("kv_claim_ev", _EV_ORDER, is_claim & ~is_bind)):
+            if not rows.any():
+                continue
+            part = batch.select([c for c in order if c in CLAIM_COLUMNS]).filter(pa.array(rows))
+            cols = {"run_id": run_ids(part.num_rows),
+                    "claim_seq": pa.array(claim_seq[rows[is_claim]])}
+            out.add(table, pa.table({c: cols[c] if c in cols else part.column(c)
+                                     for c in order}))
     # the windows still open at the run's end
     open_ids = np.flatnonzero(ids.state[:len(ids.names), _SUB] >= 0)
     add_subs(np.column_stack([open_ids, ids.state[open_ids, _SUB], ids.state[open_ids, _REJ],
@@ -260,13 +279,13 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
 
 def build(con: Any, *, sources: Callable[[str], Iterator[pa.RecordBatch]] | None = None,
           persist: bool = False) -> None:
-    """Write ``kv_claim_ev``, ``kv_claim_subs`` and ``kv_stage_events`` for every run of
-    ``kv_runs``.
+    """Write ``kv_claim_ev``, ``kv_claim_binds``, ``kv_claim_subs`` and ``kv_stage_events``
+    for every run of ``kv_runs``.
 
     ``sources(run_id)`` yields the run's events (loader schema, ``COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
     TEMP tables unless ``persist`` (``labels.persistence``)."""
-    for ddl in (_EV_DDL, _SUBS_DDL, _STAGE_DDL):
+    for ddl in (_EV_DDL, _BINDS_DDL, _SUBS_DDL, _STAGE_DDL):
         con.execute(persistence(ddl, persist))
     out = _Out(con)
     for (rid,) in con.execute("SELECT run_id FROM kv_runs ORDER BY run_id").fetchall():

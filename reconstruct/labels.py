@@ -6,10 +6,9 @@ turned into dense integer indices; per-block, per-hash, per-slot (claim position
 per-claim-instance state lives in NumPy arrays; one loop (``_pass``, compiled with numba)
 applies every event and emits:
 
-- ``kv_losses`` (renamed ``losses`` by stage 04): one row per block loss (every
-  ``block_evicted`` and one synthetic row per block holding content at a ``cache_reset``) with
-  its label, and what stages 07-08 read of it (``reported_hash``, ``held_hash``,
-  ``pinned_in_force``, ``covered``, ``covered_harm``; dropped when 08 ends);
+- ``kv_losses`` / ``losses``: one row per block loss (every ``block_evicted`` and one synthetic
+  row per block holding content at a ``cache_reset``) with its label, and what conformance
+  reads of it (``covered``, ``covered_harm``, ``pinned_in_force``);
 - ``loss_claims``: one row per (loss, claim instance with a current binding to the lost hash);
 - ``kv_materialized``: when each instance's predicate first held while it was in force;
 - ``kv_pred``: the intervals ``[from_seq, to_seq)`` where an instance's predicate holds
@@ -1107,7 +1106,9 @@ SELECT n.r, f.claim_seq, f.claim_id, coalesce(f.k, 0) AS k, f.n_slots, f.protect
 FROM kv_claim_facts f
 JOIN {_RUN_NUMBERS} n ON n.run_id = f.run_id
 LEFT JOIN kv_claim_subs s ON s.run_id = f.run_id AND s.sub_seq = f.claim_seq
-LEFT JOIN (SELECT run_id, claim_seq, max(seq) AS last_ev FROM kv_claim_ev
+LEFT JOIN (SELECT run_id, claim_seq, max(seq) AS last_ev
+           FROM (SELECT run_id, claim_seq, seq FROM kv_claim_ev
+                 UNION ALL SELECT run_id, claim_seq, seq FROM kv_claim_binds)
            GROUP BY run_id, claim_seq) l ON l.run_id = f.run_id AND l.claim_seq = f.claim_seq
 ORDER BY n.r, f.claim_seq
 """
@@ -1612,14 +1613,13 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     real = rows >= 0
     take = pa.array(np.where(real, rows, 0))
     # a reset's synthetic losses take the reset's own ts_ns
-    reset_ts_rows = np.zeros(nl, dtype=np.int64)
+    ts_rows = rows.copy()
     if nl and not real.all():
-        seq_to_row = {int(s): j for j, s in enumerate(seq[ev == EV_RESET])}
+        # NOTE: a synthetic loss's seq is its reset's: the last reset row with that seq
         reset_rows = np.flatnonzero(ev == EV_RESET)
-        for j in np.flatnonzero(~real):
-            reset_ts_rows[j] = reset_rows[seq_to_row[int(L[j, L_SEQ])]]
-    ts_take = pa.array(np.where(real, rows, reset_ts_rows))
-    loss_ts = ts.take(ts_take)
+        at = np.searchsorted(seq[reset_rows], L[~real, L_SEQ], side="right") - 1
+        ts_rows[~real] = reset_rows[at]
+    loss_ts = ts.take(pa.array(ts_rows))
     cause = t.column("cause").combine_chunks().take(take)
     by_req = t.column("by_request_id").combine_chunks().take(take)
     if not real.all():   # a reset's synthetic losses (else no second copy of the strings)
@@ -1789,8 +1789,8 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
           window: int | None = None, progress: Callable[[int], None] | None = None,
           persist: bool = False) -> None:
     """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); fill
-    the tables listed in the module docstring (``kv_losses`` becomes ``losses`` in stage 04).
-    They are TEMP tables unless ``persist`` (``persistence``).
+    the tables listed in the module docstring (except ``losses``, which stage 04's SQL
+    selects from ``kv_losses``). They are TEMP tables unless ``persist`` (``persistence``).
 
     ``sources(run_id)`` yields the run's events (loader schema, ``PASS_COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.

@@ -96,3 +96,40 @@ def test_twin_hashes_named_again_later_are_held_with_their_instances_and_judged(
     # each hash's second loss is still judged against the (released) claim bound to it
     assert t.con.sql("SELECT label, count(*) FROM loss_claims WHERE by_request_id = 'again' "
                      "GROUP BY label").fetchall() == [("relaxation", bound)]
+
+
+def _late_binding_trace(path: Path) -> None:
+    """One claim accepted, then more events than a window holds, then bound (its last event)
+    to content that is cached and lost."""
+    rows: list[dict] = [{"event": "run_started", "runtime": "vllm", "runtime_version": "0.32.0",
+                         "model": "tiny-llama", "block_size": 16, "num_blocks": POOL + 1,
+                         "usable_blocks": POOL, "policy": "native", "schema_version": 3,
+                         "recorder_version": "0.1.0"},
+                        {"event": "claim_submitted", "claim_id": "c", "tenant": "tenant-a",
+                         "request_id": "r", "protection_mode": "hard_protected",
+                         "threshold_blocks": 1, "value": 1.0},
+                        {"event": "claim_accepted", "claim_id": "c"}]
+    for i in range(3000):
+        rows += [{"event": "block_allocated", "block_id": 1, "request_id": f"f{i}"},
+                 {"event": "block_freed", "block_id": 1, "request_id": f"f{i}"}]
+    rows += [{"event": "claim_bound", "claim_id": "c", "block_hash": 8, "position": 0},
+             {"event": "block_allocated", "block_id": 0, "request_id": "r"},
+             {"event": "block_cached", "block_id": 0, "block_hash": 8, "position": 0,
+              "request_id": "r"},
+             {"event": "block_freed", "block_id": 0, "request_id": "r"},
+             {"event": "block_evicted", "block_id": 0, "block_hash": 8, "cause": "allocation",
+              "by_request_id": "x"}]
+    with path.open("w") as f:
+        for seq, row in enumerate(rows):
+            f.write(json.dumps({"run_id": "late", "seq": seq, "ts_ns": 1_000_000 + 1000 * seq,
+                                **row}) + "\n")
+
+
+def test_an_instance_whose_last_event_is_a_binding_is_held_until_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "trace.jsonl"
+    _late_binding_trace(path)
+    monkeypatch.setattr(labels, "WINDOW_ROWS", 2_000)   # the late binding is windows later
+    t = core.reconstruct(loader.Trace(events=core.load_jsonl([path]), manifests={},
+                                      truncated_runs=set()))
+    assert t.con.sql("SELECT claim_id, position FROM loss_claims").fetchall() == [("c", 0)]

@@ -351,7 +351,8 @@ def test_core_labels_equal_reference_labels(prog_a: list[tuple], prog_b: list[tu
 def test_every_claim_event_joins_the_reference_instance(prog_a: list[tuple],
                                                         prog_b: list[tuple]) -> None:
     """reconstruct/identity.py's one ordered pass gives each claim event the instance the
-    reference gives it (kv_claim_ev), and each submission its first rejection (kv_claim_subs)."""
+    reference gives it (kv_claim_ev, kv_claim_binds), and each submission its first rejection
+    (kv_claim_subs)."""
     evs = build("a", prog_a, False) + build("b", prog_b, True)
     want: dict[tuple[str, int], int] = {}
     want_rejected: dict[tuple[str, int], int | None] = {}
@@ -368,7 +369,8 @@ def test_every_claim_event_joins_the_reference_instance(prog_a: list[tuple],
     batches = [loader.decode_batch(b) for b in events_to_table(evs).to_batches()]
     t = core.reconstruct(pa.Table.from_batches(batches, schema=loader.EVENTS_SCHEMA))
     got = {(r, s): c for r, s, c in
-           t.con.sql("SELECT run_id, seq, claim_seq FROM kv_claim_ev").fetchall()}
+           t.con.sql("SELECT run_id, seq, claim_seq FROM kv_claim_ev UNION ALL "
+                     "SELECT run_id, seq, claim_seq FROM kv_claim_binds").fetchall()}
     assert got == want
     got_rejected = {(r, s): j for r, s, j in t.con.sql(
         "SELECT run_id, sub_seq, rejected_seq FROM kv_claim_subs").fetchall()}

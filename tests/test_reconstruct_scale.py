@@ -69,7 +69,8 @@ def _temporary(audit: core.Tables, names: tuple[str, ...]) -> set[bool]:
         f"({', '.join('?' * len(names))})", list(names)).fetchall()}
 
 
-COMPACTED = ("losses", "loss_claims", "kv_claim_ev", "kv_claim_subs")
+COMPACTED = ("losses", "loss_claims", "kv_losses", "kv_claim_ev", "kv_claim_binds",
+             "kv_claim_subs")
 
 
 def test_large_input_keeps_its_tables_compressed_in_the_database_file(

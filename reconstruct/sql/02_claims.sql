@@ -8,13 +8,16 @@
 -- rejected submission (e.g. another tenant reusing an id in force) never becomes the instance
 -- later events refer to; they stay with the instance that owns the id. Joins use
 -- (run_id, claim_seq). reconstruct/identity.py applies that rule in one ordered pass per run
--- before the statements below: `kv_claim_ev` (every claim event with its claim_seq) and
--- `kv_claim_subs` (each submission, its first rejection, and the latest earlier submission of
--- its id never rejected); reconstruct/labels.py `_instances` applies the same rule.
+-- before the statements below: `kv_claim_ev` (every claim event but bindings, with its
+-- claim_seq), `kv_claim_binds` (the bindings, with theirs) and `kv_claim_subs` (each
+-- submission, its first rejection, and the latest earlier submission of its id never
+-- rejected); reconstruct/labels.py `_instances` applies the same rule.
 
 -- One row per claim instance: what was declared and decided (no lifecycle end yet).
+-- NOTE: an instance's bindings (kv_claim_binds) and its other events (kv_claim_ev) are
+-- aggregated apart and joined whole: an instance may have either without the other.
 CREATE OR REPLACE TEMP TABLE kv_claim_inst AS
-WITH f AS (
+WITH ev AS (
     SELECT
         run_id, claim_seq, any_value(claim_id) AS claim_id,
         min(seq) FILTER (WHERE event = {event.claim_submitted}) AS submitted_seq,
@@ -37,15 +40,25 @@ WITH f AS (
         list(seq ORDER BY seq) FILTER (WHERE event = {event.claim_materialized})
             AS reported_materialized_seqs,
         min(seq) FILTER (WHERE event = {event.claim_harmed}) AS reported_harm_seq,
-        list(seq ORDER BY seq) FILTER (WHERE event = {event.claim_harmed}) AS reported_harm_seqs,
-        count(DISTINCT position) FILTER (WHERE event = {event.claim_bound} AND position >= 0)
-            AS positions_bound,
-        max(position) FILTER (WHERE event = {event.claim_bound}) AS max_position,
-        -- slots of the labelling pass: positions a usable binding can take
-        coalesce(max(position) FILTER (WHERE event = {event.claim_bound} AND position >= 0
-                                         AND block_hash IS NOT NULL), -1) + 1 AS n_slots
+        list(seq ORDER BY seq) FILTER (WHERE event = {event.claim_harmed}) AS reported_harm_seqs
     FROM kv_claim_ev
     GROUP BY run_id, claim_seq
+), bound AS (
+    SELECT
+        run_id, claim_seq, any_value(claim_id) AS claim_id,
+        count(DISTINCT position) FILTER (WHERE position >= 0) AS positions_bound,
+        max(position) AS max_position,
+        -- slots of the labelling pass: positions a usable binding can take
+        coalesce(max(position) FILTER (WHERE position >= 0 AND block_hash IS NOT NULL), -1) + 1
+            AS n_slots
+    FROM kv_claim_binds
+    GROUP BY run_id, claim_seq
+), f AS (
+    SELECT run_id, claim_seq, coalesce(ev.claim_id, bound.claim_id) AS claim_id,
+           ev.* EXCLUDE (run_id, claim_seq, claim_id),
+           coalesce(bound.positions_bound, 0) AS positions_bound, bound.max_position,
+           coalesce(bound.n_slots, 0) AS n_slots
+    FROM ev FULL JOIN bound USING (run_id, claim_seq)
 )
 SELECT
     f.*,

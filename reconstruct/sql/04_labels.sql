@@ -7,6 +7,8 @@
 
 -- One row per block loss with the most severe label of its claim instances
 -- (kvclaims.contract.schema.LABEL_SEVERITY: unknown > harm > expiry > relaxation > eviction).
--- NOTE: the pass's own table renamed, no copy: its columns after repaired_in_step (the
--- pass's facts per loss that only stages 07-08 read) are dropped where 08 ends.
-ALTER TABLE kv_losses RENAME TO losses;
+CREATE OR REPLACE TABLE losses AS
+SELECT run_id, seq, ts_ns, block_id, block_hash, cause, by_request_id, label, claim_ids,
+       decided_by_seq, decided_by_claim_id, claim_seq, was_resident, synthetic, step,
+       repaired_in_step
+FROM kv_losses;

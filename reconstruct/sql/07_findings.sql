@@ -518,13 +518,13 @@ WITH f AS (
            l.by_request_id, NULL,
            format('block {} evicted at seq {} without a hash and without a prior block_cached: '
                   'its label is unknown', l.block_id, l.seq)
-    FROM losses l JOIN kv_runs r USING (run_id)
+    FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE l.block_hash IS NULL AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
     SELECT l.run_id, {finding.evicted_block_not_resident}, {severity.anomaly}, l.seq, [l.seq], NULL, NULL,
            l.by_request_id, l.block_hash,
            format('block {} evicted at seq {} but it held no cached content', l.block_id, l.seq)
-    FROM losses l JOIN kv_runs r USING (run_id)
+    FROM kv_losses l JOIN kv_runs r USING (run_id)
     WHERE NOT l.was_resident AND l.block_hash IS NOT NULL
       AND l.seq < coalesce(r.unknown_from_seq, l.seq + 1)
     UNION ALL
@@ -532,7 +532,7 @@ WITH f AS (
            l.by_request_id, l.reported_hash,
            format('block {} evicted at seq {} with hash {} but it held {}', l.block_id, l.seq,
                   l.reported_hash, l.held_hash)
-    FROM losses l
+    FROM kv_losses l
     WHERE l.reported_hash IS NOT NULL AND l.held_hash IS NOT NULL
       AND l.reported_hash <> l.held_hash
     UNION ALL

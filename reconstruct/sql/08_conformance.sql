@@ -47,11 +47,11 @@ WITH c AS NOT MATERIALIZED (
 ), uncovered_losses AS NOT MATERIALIZED (
     -- L1: the losses not covered by any claim accepted before them (uncovered), and those
     -- labelled harm that no claim accepted before them labels harm
-    -- NOTE: the labelling pass marks each loss (losses.covered / covered_harm) from its
+    -- NOTE: the labelling pass marks each loss (kv_losses.covered / covered_harm) from its
     -- bound instances: no grouping of loss_claims, no join with the losses
     SELECT run_id, seq, NOT covered AS uncovered,
            label = {label.harm} AND NOT covered_harm AS uncovered_harm
-    FROM losses
+    FROM kv_losses
     WHERE NOT covered OR (label = {label.harm} AND NOT covered_harm)
 ), uncovered AS (
     -- per run: how many uncovered losses (NULL: none)
@@ -164,7 +164,7 @@ WITH c AS NOT MATERIALIZED (
     -- INV_no_protected_loss's situation: the losses that happened while a pinning instance
     -- was in force (accepted at or before the loss, not released at or before it: the pass
     -- counts acceptances and releases in seq order, labels.pinned_in_force)
-    SELECT run_id, count(*) AS n FROM losses WHERE pinned_in_force
+    SELECT run_id, count(*) AS n FROM kv_losses WHERE pinned_in_force
     GROUP BY run_id
 ), chunked AS (
     -- L_chunking: each admitted request whose allocations span more than one scheduler step
@@ -739,12 +739,3 @@ ORDER BY d.run_id, d.ord;
 
 -- NOTE: the `lowering` table (one row per run and mode) is built by 07_findings.sql, before
 -- the findings that compare it with the manifest's claim.
-
--- The pass's facts per loss (labels.DDL, after repaired_in_step) leave `losses`, which
--- 04_labels.sql renamed from the pass's kv_losses: this stage was their last reader.
--- NOTE: a dropped column moves no data (DuckDB keeps the other columns' segments).
-ALTER TABLE losses DROP COLUMN reported_hash;
-ALTER TABLE losses DROP COLUMN held_hash;
-ALTER TABLE losses DROP COLUMN pinned_in_force;
-ALTER TABLE losses DROP COLUMN covered;
-ALTER TABLE losses DROP COLUMN covered_harm;
