@@ -89,10 +89,13 @@ WITH c AS NOT MATERIALIZED (
     WHERE x.event IN ({event.request_deferred}, {event.request_refused}) AND NOT fx.feasible
       AND c.protection_mode = {mode.hard_protected} AND c.accepted_seq < x.seq
     UNION
+    -- NOTE: the protecting instances unnested and joined on their key: a join on the run with
+    -- list_contains as its filter paired every infeasible decision with every instance of it
     SELECT f.run_id, f.seq, f.event, c.claim_seq
-    FROM feasibility f
-    JOIN c ON c.run_id = f.run_id AND list_contains(f.protected_claim_seqs, c.claim_seq)
-    WHERE NOT f.feasible AND c.protection_mode = {mode.hard_protected}
+    FROM (SELECT run_id, seq, event, unnest(protected_claim_seqs) AS claim_seq
+          FROM feasibility WHERE NOT feasible) f
+    JOIN c ON c.run_id = f.run_id AND c.claim_seq = f.claim_seq
+    WHERE c.protection_mode = {mode.hard_protected}
 ), released_losses AS (
     -- L4 / L5: per demoted (expired) instance, its losses after the release; from loss_claims
     -- alone (it carries release_seq/release_event), joined to the instances below
