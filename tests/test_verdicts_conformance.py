@@ -40,6 +40,16 @@ def test_l2_is_not_exercised_where_no_resident_was_under_pressure() -> None:
     assert "resident block was lost to pressure" in detail
 
 
+def test_l2_counts_the_requests_own_evictions_and_every_resident_loss_while_it_ran() -> None:
+    verdict, detail = judge(vs.denied_while_others_evict(other_in_window=True))["L2"]
+    assert verdict == "pass" and "while 3 resident block(s) were evicted" in detail
+
+
+def test_twin_l2_leaves_out_other_requests_evictions_after_it_ended() -> None:
+    verdict, detail = judge(vs.denied_while_others_evict(other_in_window=False))["L2"]
+    assert verdict == "pass" and "while 2 resident block(s) were evicted" in detail
+
+
 # -- L3 ----------------------------------------------------------------------------------------
 
 def test_l3_passes_where_a_hard_claim_faced_an_infeasible_request() -> None:

@@ -265,3 +265,37 @@ def offloadable_claim(*, rejected: bool) -> Events:
         for i, h in enumerate(hashes):
             b.emit("claim_bound", claim_id=CLAIM, block_hash=h, position=i)
     return b.finish()
+
+
+def denied_while_others_evict(*, other_in_window: bool) -> Events:
+    """A reuse-denied request evicts a resident block before its denial and one after; another
+    request evicts one resident block after the denied request ends and (``other_in_window``)
+    one while it runs. L2 counts each resident loss once: the request's own, and those while
+    it ran."""
+    b = TraceBuilder("denied-window", policy="write_no_admit", usable=8)
+    hashes = _cache(b, "a", 6)
+    for i in range(6):
+        b.emit("block_freed", block_id=i + 1, request_id="a")
+
+    def evict(block: int, by: str) -> None:
+        b.emit("block_evicted", block_id=block, block_hash=hashes[block - 1], cause="allocation",
+               by_request_id=by)
+        b.emit("block_allocated", block_id=block, request_id=by)
+
+    b.emit("request_arrived", request_id="d", tenant="tenant-b", num_prompt_tokens=32)
+    b.emit("request_admitted", request_id="d", blocks_required=2, free_blocks=2,
+           protected_blocks=0, usable_blocks=8)
+    evict(6, "d")
+    b.emit("reuse_denied", request_id="d")
+    evict(5, "d")
+    b.emit("request_arrived", request_id="o", tenant="tenant-b", num_prompt_tokens=32)
+    b.emit("request_admitted", request_id="o", blocks_required=2, free_blocks=0,
+           protected_blocks=0, usable_blocks=8)
+    if other_in_window:
+        evict(4, "o")
+    b.emit("request_finished", request_id="d", finish_reason="length", num_cached_tokens=0,
+           num_output_tokens=1)
+    evict(3, "o")
+    b.emit("request_finished", request_id="o", finish_reason="length", num_cached_tokens=0,
+           num_output_tokens=1)
+    return b.finish()

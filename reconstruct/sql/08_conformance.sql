@@ -64,19 +64,54 @@ WITH c AS NOT MATERIALIZED (
     FROM events e
     WHERE e.event = {event.block_cached}
       AND e.request_id IN (SELECT request_id FROM requests WHERE reuse_denied)
+), denied_req AS (
+    -- the reuse-denied requests and the end of each one's window (NULL: the run's end)
+    SELECT run_id, request_id, reuse_denied_seq, finished_seq, refused_seq, outcome,
+           coalesce(finished_seq, refused_seq) AS end_seq
+    FROM requests WHERE reuse_denied
+), denied_resident AS (
+    -- the resident losses of the runs that have a reuse-denied request
+    SELECT run_id, seq, by_request_id FROM losses
+    WHERE was_resident AND run_id IN (SELECT run_id FROM denied_req)
+), denied_upto AS (
+    -- per such run and seq with a resident loss: how many resident losses up to it
+    SELECT run_id, seq, (sum(count(*)) OVER (PARTITION BY run_id ORDER BY seq))::BIGINT AS upto
+    FROM denied_resident GROUP BY run_id, seq
+), denied_own AS (
+    -- each request's own evictions, and how many of them lie in its window
+    SELECT d.run_id, d.request_id, count(*) AS n, min(l.seq) AS first_seq,
+           count(*) FILTER (WHERE l.seq > d.reuse_denied_seq
+                              AND l.seq <= coalesce(d.end_seq, l.seq)) AS n_in
+    FROM denied_req d
+    JOIN denied_resident l ON l.run_id = d.run_id AND l.by_request_id = d.request_id
+    GROUP BY ALL
+), denied_window AS (
+    -- the resident losses in (reuse_denied_seq, end_seq]: the count up to its end less the
+    -- count up to its start, and the first one after its start if it is not past its end
+    SELECT d.run_id, d.request_id,
+           CASE WHEN d.reuse_denied_seq IS NOT NULL
+                THEN greatest(coalesce(hi.upto, 0) - coalesce(lo.upto, 0), 0) ELSE 0 END AS n,
+           CASE WHEN nx.seq <= coalesce(d.end_seq, nx.seq) THEN nx.seq END AS first_seq
+    FROM denied_req d
+    ASOF LEFT JOIN denied_upto lo ON lo.run_id = d.run_id AND lo.seq <= d.reuse_denied_seq
+    ASOF LEFT JOIN denied_upto hi
+        ON hi.run_id = d.run_id AND hi.seq <= coalesce(d.end_seq, 9223372036854775807)
+    ASOF LEFT JOIN denied_upto nx ON nx.run_id = d.run_id AND nx.seq > d.reuse_denied_seq
 ), denied AS (
     -- L2: each reuse-denied request, whether it was served, and the residents lost while it
-    -- ran: how many (n) and the first (first_seq)
+    -- ran (evicted by it, or after its denial up to its end): how many (n) and the first
     -- NOTE: a count and a min, not a list: a request never finished runs to the run's end
-    SELECT q.run_id, q.request_id, q.reuse_denied_seq, q.finished_seq, q.refused_seq,
-           q.outcome IN ({request_outcome.served}, {request_outcome.deferred_then_served}) AS served,
-           q.outcome NOT IN ({request_outcome.served}, {request_outcome.deferred_then_served}, {request_outcome.unknown}) AS not_served,
-           (SELECT {'n': count(*), 'first_seq': min(l.seq)} FROM losses l
-            WHERE l.run_id = q.run_id AND l.was_resident
-              AND (l.by_request_id = q.request_id
-                   OR (l.seq > q.reuse_denied_seq
-                       AND l.seq <= coalesce(q.finished_seq, q.refused_seq, l.seq)))) AS lost
-    FROM requests q WHERE q.reuse_denied
+    -- NOTE: its own evictions plus its window's, less those in both; the window's counted by
+    -- ASOF joins on running counts: a join of each request with every loss of its run took
+    -- CPU in proportion to their product
+    SELECT d.run_id, d.request_id, d.reuse_denied_seq, d.finished_seq, d.refused_seq,
+           d.outcome IN ({request_outcome.served}, {request_outcome.deferred_then_served}) AS served,
+           d.outcome NOT IN ({request_outcome.served}, {request_outcome.deferred_then_served}, {request_outcome.unknown}) AS not_served,
+           {'n': coalesce(o.n, 0) + w.n - coalesce(o.n_in, 0),
+            'first_seq': least(o.first_seq, w.first_seq)} AS lost
+    FROM denied_req d
+    JOIN denied_window w ON w.run_id = d.run_id AND w.request_id = d.request_id
+    LEFT JOIN denied_own o ON o.run_id = d.run_id AND o.request_id = d.request_id
 ), hard_conflicts AS (
     -- L3: an infeasible request facing an accepted hard claim in force: the runtime's own
     -- deferral/refusal naming it, or an admission/deferral the trace shows infeasible while
