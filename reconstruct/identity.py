@@ -43,7 +43,7 @@ CLAIM_COLUMNS: Final[tuple[str, ...]] = (
     "released_by")
 #: What ``kv_claim_binds`` keeps of a binding, in its order. NOTE: bindings are most claim
 #: events (one per bound block) and stage 02 reads four columns of them: a narrow table of
-#: their own, not rows of ``kv_claim_ev``'s sixteen columns (at 100 M events those spilled).
+#: their own, not rows of ``kv_claim_ev``'s eighteen columns.
 BIND_COLUMNS: Final[tuple[str, ...]] = ("run_id", "seq", "claim_id", "claim_seq", "position",
                                         "block_hash")
 #: The events stages 05-08 read besides block events and claim bindings (``kv_stage_events``:
