@@ -26,6 +26,24 @@ def probe(name: str, **kw) -> vs.Events:
     return shapes.capacity_probe(name, **kw)
 
 
+# -- L1 ----------------------------------------------------------------------------------------
+
+def l1_evidence(events: vs.Events) -> tuple[list[int], int]:
+    t = vs.reconstruct_events(events)
+    return t.con.sql("SELECT evidence_seqs, evidence_seq_count FROM conformance "
+                     "WHERE \"check\" = 'L1'").fetchall()[0]
+
+
+def test_l1_shows_a_reset_that_lost_several_blocks_as_one_seq() -> None:
+    seqs, n = l1_evidence(vs.unclaimed_losses(by_reset=True))
+    assert len(seqs) == 1 and n == 1
+
+
+def test_twin_l1_shows_each_eviction_as_a_seq_of_its_own() -> None:
+    seqs, n = l1_evidence(vs.unclaimed_losses(by_reset=False))
+    assert len(seqs) == 3 and n == 3
+
+
 # -- L2 ----------------------------------------------------------------------------------------
 
 def test_l2_passes_where_the_served_request_evicted_residents() -> None:

@@ -299,3 +299,17 @@ def denied_while_others_evict(*, other_in_window: bool) -> Events:
     b.emit("request_finished", request_id="o", finish_reason="length", num_cached_tokens=0,
            num_output_tokens=1)
     return b.finish()
+
+
+def unclaimed_losses(*, by_reset: bool) -> Events:
+    """Three unclaimed cached blocks lost at once by a cache_reset (one seq), or (twin) each
+    evicted by an event of its own (three seqs)."""
+    b = TraceBuilder("unclaimed-losses", usable=8)
+    hashes = _cache(b, "a", 3)
+    if by_reset:
+        b.emit("cache_reset", reason="reset_prefix_cache")
+    else:
+        for i, h in enumerate(hashes):
+            b.emit("block_evicted", block_id=i + 1, block_hash=h, cause="allocation",
+                   by_request_id="x")
+    return b.finish()

@@ -49,7 +49,7 @@ WITH c AS NOT MATERIALIZED (
     -- labelled harm that no claim accepted before them labels harm
     -- NOTE: the labelling pass marks each loss (kv_losses.covered / covered_harm) from its
     -- bound instances: no grouping of loss_claims, no join with the losses
-    SELECT run_id, seq, NOT covered AS uncovered,
+    SELECT run_id, seq, synthetic, NOT covered AS uncovered,
            label = {label.harm} AND NOT covered_harm AS uncovered_harm
     FROM kv_losses
     WHERE NOT covered OR (label = {label.harm} AND NOT covered_harm)
@@ -463,8 +463,14 @@ WITH c AS NOT MATERIALIZED (
     -- NOTE: bad_seqs: at most 3 per instance
     SELECT x.run_id, {check.LIT_materialization_failure}, unnest(x.bad_seqs) FROM lit_unmat x
 ), pass_rows AS (
-    -- the seqs that show what each check exercised, one row each (a seq may repeat)
-    SELECT run_id, {check.L1} AS check_name, seq FROM uncovered_losses WHERE uncovered
+    -- the seqs that show what each check exercised, one row each (a seq may repeat, but not
+    -- L1's: kv_check_pass_seqs counts them without a DISTINCT)
+    -- NOTE: L1's are one row per seq: a loss's seq is its block_evicted's (seqs are strictly
+    -- increasing in a run), except a reset's synthetic losses, which share the reset's
+    SELECT run_id, {check.L1} AS check_name, seq FROM uncovered_losses
+    WHERE uncovered AND NOT synthetic
+    UNION ALL
+    SELECT DISTINCT run_id, {check.L1}, seq FROM uncovered_losses WHERE uncovered AND synthetic
     UNION ALL
     SELECT d.run_id, {check.L2}, unnest([d.reuse_denied_seq, d.finished_seq, d.lost.first_seq])
     FROM denied d WHERE d.served AND d.lost.n > 0
@@ -591,18 +597,18 @@ GROUP BY run_id, check_name;
 
 -- kv_check_pass_seqs: per (run, check), the seqs that show what it exercised, each once: how
 -- many, the last, and the smallest /*@EVIDENCE_MAX@*/ ascending
--- NOTE: on one thread, the configured count restored after it: the DISTINCT holds a hash
--- table per thread, and with two it did not fit 90MB at 100 M dense events (nor 2GB at 1 B),
--- with one it fits 75MB
-SET VARIABLE kv_threads = current_setting('threads');
-SET threads = 1;
+-- NOTE: L1's rows, one per uncovered loss, are most rows of kv_check_rows and one row per
+-- seq already: only the other checks' go through a DISTINCT (over every check's, its hash
+-- table did not fit 2GB at 1 B dense events)
 CREATE OR REPLACE TEMP TABLE kv_check_pass_seqs AS
 SELECT run_id, check_name, count(*) AS n, max(seq) AS last_seq,
        list_sort(min(seq, /*@EVIDENCE_MAX@*/), 'ASC') AS seqs
-FROM (SELECT DISTINCT run_id, check_name, seq FROM kv_check_rows WHERE part = 2)
+FROM (SELECT run_id, check_name, seq FROM kv_check_rows
+      WHERE part = 2 AND check_name = {check.L1}
+      UNION ALL
+      SELECT DISTINCT run_id, check_name, seq FROM kv_check_rows
+      WHERE part = 2 AND check_name <> {check.L1})
 GROUP BY run_id, check_name;
-SET threads = getvariable('kv_threads');
-RESET VARIABLE kv_threads;
 
 -- kv_check_claims: the claim instances of each (run, check)'s evidence, per side (failing:
 -- those its failing findings name; else those the check judged): how many, and the
