@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _report  # noqa: E402
@@ -128,8 +130,6 @@ def ordered(con: Any, name: str) -> Any:
 
 def save_or_compare(con: Any, shape_dir: Path, save: bool) -> bool:
     """Write every compared table to ``shape_dir``, or check them against it."""
-    import pyarrow.parquet as pq
-
     ok = True
     shape_dir.mkdir(parents=True, exist_ok=True)
     for name in COMPARED:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import duckdb
+import pyarrow as pa
 
 from kvclaims import queries
 from kvclaims.contract.clock import Clock, clock_anchor, clock_table
@@ -531,9 +532,6 @@ def _check_unique_runs(events: Any, runs: Sequence[Any]) -> None:
 
 
 def _register_manifests(con: Any, info: Any) -> None:
-
-    import pyarrow as pa
-
     trace = Trace(events=pa.table({}), manifests=info.manifests, run_dirs=info.run_dirs,
                   truncations=info.truncations, truncated_runs=info.truncated_runs)
     con.register("kv_manifests_in", trace.manifests_table())

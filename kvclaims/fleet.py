@@ -45,6 +45,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kvclaims import queries
 from kvclaims.audit import dataset_tables, open_audit
@@ -237,8 +238,6 @@ def copy_event_partitions(audit: Any, runs: Sequence[FleetRun], table_dir: Path
     has no ``ts``: ``kvclaims.open`` over the dataset adds it, as it does over run
     directories. A run without events has no file; a task with none writes one empty file.
     """
-    import pyarrow.parquet as pq
-
     rows = dict(audit.con.execute(
         "SELECT run_id, count(*) FROM events GROUP BY run_id").fetchall())
     written = 0

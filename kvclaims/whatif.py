@@ -18,6 +18,7 @@ under the recorded settings with the recorded run, event by event.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -391,8 +392,6 @@ def _vllm_config(workload: Workload, usable: int, kvclaims_cfg: dict[str, Any]) 
     NOTE: built once per (block size, capacity, limits) and copied per point: building it
     resolves the platform and reads the model's configuration, which costs seconds.
     """
-    import copy
-
     key = (workload.block_size, usable, workload.max_num_batched_tokens, workload.max_num_seqs)
     if key not in _CONFIG_CACHE:
         from vllm import EngineArgs

@@ -42,6 +42,7 @@ from typing import Any, Final
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kvclaims.contract.policies import MODE_ENFORCEMENT, POLICIES
 from kvclaims.contract.schema import InputError
@@ -201,8 +202,6 @@ def write_tables(con: Any, names: Sequence[str], out_dir: str | Path, *,
     """Write tables of ``con`` as ``OUT_DIR/<name>.parquet`` (zstd, ``WRITE_OPTIONS``),
     ``run_id``'s rows only if given. Batches stream through pyarrow: memory stays bounded and
     DuckDB needs no file access (the audit connection has it disabled)."""
-    import pyarrow.parquet as pq
-
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -494,9 +493,6 @@ def stage_events(runs: Sequence[Any], info: StreamedInput, folder: str | Path,
     the read. Manifests, run directories and truncations are recorded in ``info``.
     NOTE: memory stays one batch: nothing is held for the whole trace.
     """
-    import pyarrow.parquet as pq
-
-
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}

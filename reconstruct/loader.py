@@ -34,6 +34,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kvclaims.contract.schema import (BLOCK_RANGE, COLUMN_SINCE, VALUE_RANGES, range_problem,
                                       ARROW_SCHEMA, COLUMNS, ENVELOPE, READABLE_SCHEMA_VERSIONS,
@@ -824,8 +825,6 @@ def parquet_file(path: str | Path, **options: Any) -> Any:
     ~6 bytes per event, 180 MB by the end of a 30 M-event run); without it memory stays one
     row group, at no CPU cost.
     """
-    import pyarrow.parquet as pq
-
     return pq.ParquetFile(str(path), pre_buffer=False, **options)
 
 

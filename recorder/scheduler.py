@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import time
 import uuid
 from operator import attrgetter
@@ -468,8 +469,6 @@ class KVClaimsAsyncScheduler(KVClaimsScheduler, AsyncScheduler):
 
 def describe_hardware() -> dict[str, Any]:
     """What the engine ran on, for the manifest (CPU model, core count, accelerator if any)."""
-    import platform
-
     info: dict[str, Any] = {"machine": platform.machine(), "cpu_count": os.cpu_count()}
     try:
         with open("/proc/cpuinfo") as f:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import duckdb
+import pyarrow.parquet as pq
 
 from kvclaims.contract.schema import InputError
 from kvclaims.contract.trace_writer import atomic_output
@@ -297,9 +298,6 @@ def export_parquet(paths: Sequence[str | Path], out: str | Path, *,
                    truncations: list[str] | None = None) -> int:
     """Write every event of the runs (decoded, by run_id then seq) to one Parquet file,
     streaming; returns the number of events."""
-    import pyarrow.parquet as pq
-
-
     count = 0
     with atomic_output(out) as tmp:
         with pq.ParquetWriter(str(tmp), EVENTS_SCHEMA, compression="zstd") as writer:
@@ -512,8 +510,6 @@ def _write(out: str | None, text: str) -> None:
 
 def write_parquet(rel: Any, out: str | Path) -> int:
     """Stream a relation into one Parquet file (written atomically); returns the row count."""
-    import pyarrow.parquet as pq
-
     n = 0
     with atomic_output(out) as tmp:
         reader = rel.to_arrow_reader(batch_size=1 << 16)

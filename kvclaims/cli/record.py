@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,13 +86,9 @@ def _noise_flags(p: argparse.ArgumentParser) -> None:
 def _quiet_vllm(verbose: bool = False) -> None:
     """vLLM logs to stdout, where our result (and ``--json``) goes: send its log to stderr and
     keep only its errors unless ``verbose`` (a user's own settings win)."""
-    import os
-
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not verbose:
-        import warnings
-
         warnings.filterwarnings("ignore")  # third-party deprecation chatter, not our result
         os.environ.setdefault("TQDM_DISABLE", "1")  # vLLM's own loading bars
 
@@ -103,9 +102,6 @@ def _engine_noise_aside(verbose: bool) -> Iterator[Any]:
 
     NOTE: fd 2 is restored before this returns, so the CLI's own error line reaches the user.
     """
-    import os
-    import tempfile
-
     if verbose:
         yield sys.stderr
         return

@@ -43,6 +43,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kvclaims.contract.schema import (ARROW_SCHEMA, RECORDER_VERSION, SCHEMA_VERSION, InputError,
                              SchemaError)
@@ -569,8 +570,6 @@ def seal_segments(run_dir: Path, files: list[str]) -> dict[str, Any]:
     file (readers then use the segments). Page checksums let readers detect a damaged page;
     ``sha256`` (of every byte, the footer's statistics included) lets them refuse any change.
     """
-    import pyarrow.parquet as pq
-
     schema = plain_schema()
     final = run_dir / SEALED_NAME
     rows = 0

@@ -30,6 +30,7 @@ content by ``block_hashes``).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import pickle
@@ -79,8 +80,6 @@ def hash_function(algo: str) -> Callable[[Any], bytes]:
 
 
 def _optional(module: str, algo: str) -> Any:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
