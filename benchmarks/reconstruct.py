@@ -560,9 +560,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="events per shape; several sizes, comma-separated, also state how the "
                          "CPU per event grows from each size to the next")
     ap.add_argument("--shapes", default=",".join(SHAPES),
-                    help="comma-separated; a run of fewer than all writes its sizes' sections "
-                         "under names of their own (reconstruct.SIZE.SHAPES), so that it never "
-                         "replaces the figures of every shape")
+                    help="comma-separated; a run of fewer than all writes its sections under "
+                         "names of their own (reconstruct.SIZE.SHAPES, reconstruct.growth.SHAPES),"
+                         " so that it never replaces the figures of every shape")
     ap.add_argument("--memory-limit", default="2GB")
     ap.add_argument("--python-events", type=int, default=1_000_000,
                     help="events the plain-Python replay runs on (its rate is per event)")
@@ -625,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         details = [line for r in results for line in fmt(r)]
         # NOTE: a section per trace size, so a 100 M run does not replace the 10 M figures
         _report.write_section(
-            section_name(size, args.shapes.split(",")),
+            section_name(f"reconstruct.{_size_name(size)}", args.shapes.split(",")),
             _report.markdown_table(SUMMARY_HEADER, [summary_row(r) for r in results])
             + f"\n\n{TARGETS_NOTE}\n\nDuckDB memory_limit {args.memory_limit}; per shape:\n\n"
             + _report.preformatted(details), args.doc, script=__file__)
@@ -633,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = growth_rows(by_size)
         print("\n".join(" | ".join(row) for row in [GROWTH_HEADER, *rows]))
         _report.write_section(
-            "reconstruct.growth", _report.markdown_table(GROWTH_HEADER, rows)
+            section_name("reconstruct.growth", args.shapes.split(",")),
+            _report.markdown_table(GROWTH_HEADER, rows)
             + f"\n\nTarget (issue 28): CPU per event at 10x the events at most "
             f"{TARGET_GROWTH}x (10 M -> 100 M: at most {10 * TARGET_GROWTH:.0f}x the CPU); "
             f"peak RSS at most {TARGET_PEAK_GIB:.0f} GiB at "
@@ -642,10 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["n_mismatches"] == 0 for rs in by_size for r in rs) else 1
 
 
-def section_name(size: int, shapes: list[str]) -> str:
-    """docs/benchmarks.md's section for a run of ``shapes`` at ``size`` events: one of its own
-    unless the run covers every shape."""
-    name = f"reconstruct.{_size_name(size)}"
+def section_name(name: str, shapes: list[str]) -> str:
+    """docs/benchmarks.md's section ``name`` for a run of ``shapes``: one of its own
+    (``name.SHAPES``) unless the run covers every shape."""
     return name if set(shapes) >= set(SHAPES) else f"{name}.{'+'.join(shapes)}"
 
 

@@ -235,7 +235,9 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
         # NOTE: handed over batch by batch: a run's submissions are never held whole
         out.add("kv_claim_subs", pa.table({
             "run_id": run_ids(rows.shape[0]),
-            "claim_id": pa.array(ids.names, pa.string()).take(pa.array(rows[:, 0])),
+            # NOTE: the names of these rows only: an array of every name of the run per batch
+            # grew with the run's ids (one per instance on traces with distinct ids)
+            "claim_id": pa.array([ids.names[c] for c in rows[:, 0].tolist()], pa.string()),
             "sub_seq": pa.array(rows[:, 1]),
             "rejected_seq": pa.array(rows[:, 2], mask=rows[:, 2] < 0),
             "prev_live_seq": pa.array(rows[:, 3], mask=rows[:, 3] < 0)}))

@@ -1162,6 +1162,30 @@ def _opt(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
     return pa.array(values, type=typ, mask=None if valid.all() else ~valid)
 
 
+def take_compact(col: pa.Array, idx: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """``col``'s values at ``idx`` (NULL where ``valid`` is False); a dictionary column comes
+    back encoded over the values taken only.
+
+    NOTE: DuckDB reads an Arrow dictionary whole for every chunk of an INSERT it scans: a
+    take of a run-wide dictionary (the run's claim ids: one per instance on traces with
+    distinct ids) made each insert cost the run's ids, the pass's inserts the square of the
+    run's length."""
+    valid = np.ones(len(idx), dtype=bool) if valid is None else valid
+    if not pa.types.is_dictionary(col.type):
+        return col.take(pa.array(idx, mask=None if valid.all() else ~valid))
+    pos = np.where(valid, idx, 0)
+    ind = col.indices
+    if ind.null_count:
+        valid = valid & ind.is_valid().to_numpy(zero_copy_only=False)[pos]
+        ind = ind.fill_null(0)
+    local = np.zeros(len(idx), dtype=np.int32)
+    used = np.zeros(0, dtype=np.int64)
+    if valid.any():
+        used, local[valid] = np.unique(ind.to_numpy()[pos[valid]], return_inverse=True)
+    return pa.DictionaryArray.from_arrays(pa.array(local, mask=None if valid.all() else ~valid),
+                                          col.dictionary.take(pa.array(used)))
+
+
 def persistence(stmt: str, persist: bool) -> str:
     """``stmt`` creating its table as a table of the database file (``persist``: compressed as
     DuckDB writes it) or as a TEMP table (spilled uncompressed beyond ``memory_limit``)."""
@@ -1629,7 +1653,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     block_hash = _opt(L[:, L_HASH].view(np.uint64), hash_ok, pa.uint64())
     pair_inst = P[:, P_INST]
     # NOTE: the ids stay dictionary-encoded inside the list: DuckDB decodes them on insert
-    claim_str = run.fclaim.take(pa.array(pair_inst)) if npair else pa.array([], pa.string())
+    claim_str = take_compact(run.fclaim, pair_inst) if npair else pa.array([], pa.string())
     offsets = np.append(L[:, L_P0], L[-1, L_P1] if nl else 0).astype(np.int32)
     if nl:
         offsets -= offsets[0]
@@ -1657,7 +1681,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         "label": _labels(L[:, L_LABEL]),
         "claim_ids": pa.ListArray.from_arrays(pa.array(offsets), claim_str),
         "decided_by_seq": _opt(L[:, L_DSEQ], L[:, L_DSEQ] >= 0, pa.int64()),
-        "decided_by_claim_id": run.fclaim.take(pa.array(dinst, mask=~has_d))
+        "decided_by_claim_id": take_compact(run.fclaim, dinst, has_d)
         if len(run.fclaim) else pa.nulls(nl, pa.string()),
         "claim_seq": _opt(run.fseq[np.where(has_d, dinst, 0)] if len(run.fseq)
                           else np.zeros(nl, np.int64), has_d, pa.int64()),
@@ -1674,7 +1698,6 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     sink.add("kv_losses", losses)
     if npair:
         li = pa.array(P[:, P_LOSS])
-        pi = pa.array(pair_inst)
         facts = run.pair_facts
         # NOTE: an instance materializes once (I_MAT never changes after): one not yet
         # materialized at the end of this window gets its seq when the run ends (_Sink.close)
@@ -1693,13 +1716,13 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
             "position": pa.array(P[:, P_POS].astype(np.int32)),
             "label": _labels(P[:, P_LABEL]),
             "decided_by_seq": _opt(P[:, P_DSEQ], P[:, P_DSEQ] >= 0, pa.int64()),
-            "tenant": facts["tenant"].take(pi),
-            "protection_mode": facts["protection_mode"].take(pi),
-            "threshold_blocks": facts["threshold_blocks"].take(pi),
-            "accepted_seq": facts["accepted_seq"].take(pi),
+            "tenant": take_compact(facts["tenant"], pair_inst),
+            "protection_mode": take_compact(facts["protection_mode"], pair_inst),
+            "threshold_blocks": take_compact(facts["threshold_blocks"], pair_inst),
+            "accepted_seq": take_compact(facts["accepted_seq"], pair_inst),
             "materialized_seq": _opt(mat, known, pa.int64()),
-            "release_seq": facts["release_seq"].take(pi),
-            "release_event": facts["release_event"].take(pi),
+            "release_seq": take_compact(facts["release_seq"], pair_inst),
+            "release_event": take_compact(facts["release_event"], pair_inst),
             "predicate_before": pa.array(before),
             "predicate_after": pa.array(after),
             "breaks_predicate": pa.array(before & ~after),
@@ -1711,13 +1734,13 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
     if R.shape[0]:
         sink.add("kv_pred", pa.table({
             "run_id": _const(rid, R.shape[0]),
-            "claim_id": run.fclaim.take(pa.array(R[:, 0])),
+            "claim_id": take_compact(run.fclaim, R[:, 0]),
             "claim_seq": pa.array(run.fseq[R[:, 0]]),
             "from_seq": pa.array(R[:, 1]), "to_seq": pa.array(R[:, 2])}))
     if M.shape[0]:
         sink.add("kv_materialized", pa.table({
             "run_id": _const(rid, M.shape[0]),
-            "claim_id": run.fclaim.take(pa.array(M[:, 0])),
+            "claim_id": take_compact(run.fclaim, M[:, 0]),
             "claim_seq": pa.array(run.fseq[M[:, 0]]),
             "materialized_seq": pa.array(M[:, 1])}))
     if W.shape[0]:
@@ -1755,6 +1778,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         # the claim ids of those instances, distinct and in order (sorted ids: rank order)
         id_codes, id_off = distinct_sorted(run.rank[AL] if AL.size else np.zeros(0, np.int64),
                                            loff)
+        ids_used, id_local = np.unique(id_codes, return_inverse=True)   # see ``take_compact``
         sink.add("kv_admission_state", pa.table({
             "run_id": _const(rid, A.shape[0]),
             "seq": pa.array(A[:, A_SEQ]),
@@ -1764,7 +1788,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
                 pa.array(loff), pa.array(run.fseq[AL] if AL.size else np.zeros(0, np.int64))),
             "protected_claim_ids": pa.ListArray.from_arrays(
                 pa.array(id_off), pa.DictionaryArray.from_arrays(
-                    pa.array(id_codes.astype(np.int32)), run.ids)),
+                    pa.array(id_local.astype(np.int32)), run.ids.take(pa.array(ids_used)))),
             "cached_blocks": pa.array(A[:, A_CACHED]),
             "evictable_blocks": pa.array(A[:, A_EVICTABLE]),
             "held_blocks": pa.array(A[:, A_HELD]),
@@ -1779,7 +1803,7 @@ def _finish(run: _Run, sink: _Sink) -> None:
     if open_.size:
         sink.add("kv_pred", pa.table({
             "run_id": _const(run.rid, open_.size),
-            "claim_id": run.fclaim.take(pa.array(open_)),
+            "claim_id": take_compact(run.fclaim, open_),
             "claim_seq": pa.array(run.fseq[open_]),
             "from_seq": pa.array(run.IS[open_ - run.ib, I_PRED_FROM]),
             "to_seq": pa.nulls(open_.size, pa.int64())}))

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from kvclaims.reconstruct import core, labels, loader
@@ -208,3 +210,15 @@ def test_protected_claim_ids_list_each_claim_once_in_order() -> None:
 def test_twin_a_decision_without_protecting_instances_lists_none() -> None:
     vals, off = labels.distinct_sorted(np.array([4, 4]), np.array([0, 0, 2, 2]))
     assert vals.tolist() == [4] and off.tolist() == [0, 0, 1, 1]
+
+
+def test_a_take_of_the_runs_ids_is_encoded_over_the_ids_taken_only() -> None:
+    ids = pc.dictionary_encode(pa.array(["a", "b", "c", "d"]))
+    got = labels.take_compact(ids, np.array([3, 1, 3]))
+    assert got.to_pylist() == ["d", "b", "d"] and got.dictionary.to_pylist() == ["b", "d"]
+
+
+def test_twin_a_take_where_not_valid_is_null_and_encodes_no_id_for_it() -> None:
+    ids = pc.dictionary_encode(pa.array(["a", "b", "c", "d"]))
+    got = labels.take_compact(ids, np.array([-1, 2]), np.array([False, True]))
+    assert got.to_pylist() == [None, "c"] and got.dictionary.to_pylist() == ["c"]
