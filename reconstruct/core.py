@@ -357,7 +357,8 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
 
 # NOTE: at this many events or more an audit keeps every table in its database file, where
 # DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed
-# (benchmarks/audit_disk.py: on 10 M dense events the audit's folder held about a third).
+# (benchmarks/audit_disk.py: on 10 M dense events the audit's folder holds less than half,
+# for more CPU: the inserts compress as they write).
 COMPACT_EVENTS: Final[int] = 200_000_000
 
 
