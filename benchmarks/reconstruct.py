@@ -452,7 +452,7 @@ def dominant(r: dict[str, Any]) -> str:
         parts = r["pass_parts"]
         text += (f"; its parts (wall s): input {parts['input']:.1f}, loop {parts['loop']:.1f}, "
                  f"outputs as Arrow {parts['outputs']:.1f}, "
-                 f"insert {parts['insert']:.1f}")
+                 f"written as Parquet {parts['write']:.1f}")
     return text
 
 
@@ -523,8 +523,8 @@ def fmt(r: dict[str, Any]) -> list[str]:
         f"  per stage (wall s)           {r['stages']}",
         f"  per stage (CPU s)            {r['stages_cpu']}",
         f"  03_pass parts (s)            {r['pass_parts']}  (input: Parquet -> coded Arrow "
-        "windows; loop: the compiled pass; outputs: state kept, outputs as Arrow; insert: to "
-        "DuckDB; disjoint)",
+        "windows; loop: the compiled pass; outputs: state kept, outputs as Arrow; write: as "
+        "Parquet; disjoint)",
         *targets(r),
     ]
 

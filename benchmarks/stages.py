@@ -91,7 +91,7 @@ def time_stages(paths: list[Path], work: Path,
             timed.stage = stages[i + 1]
 
     core.run_stages(timed, manifests=info.manifests, truncated_runs=info.truncated_runs,
-                    progress=progress, persist=False, **extra)
+                    progress=progress, persist=False, folder=Path(tmp) / "tables", **extra)
     return con, timed, n, tmp
 
 
@@ -105,7 +105,7 @@ def report(timed: TimedConnection, only: list[str]) -> dict[str, tuple[float, fl
     for stage in core.STAGES:
         if only and not any(stage.startswith(p) for p in only):
             continue
-        # NOTE: the pass inserts per window: summed per target
+        # NOTE: a streamed pass runs statements per run or window: summed per target
         targets: dict[str, tuple[float, float]] = {}
         for st, target, s, c in timed.times:
             if st == stage:

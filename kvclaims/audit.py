@@ -368,7 +368,8 @@ class Audit:
 
     def _wrapped(self, name: str) -> bool:
         return bool(self.con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
+            "SELECT count(*) FROM (SELECT table_name FROM duckdb_tables() UNION ALL "
+            "SELECT view_name FROM duckdb_views()) WHERE table_name = ?",
             [_RAW + name]).fetchall()[0][0])
 
     def _reconstructed(self) -> list[str]:
@@ -447,7 +448,7 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
             # (core.COMPACT_EVENTS): as TEMP tables they would spill uncompressed
             core.run_stages(con, manifests=info.manifests, truncated_runs=info.truncated_runs,
                             progress=progress, persist=n >= core.COMPACT_EVENTS,
-                            sources=files)
+                            sources=files, folder=os.path.join(tmp, "tables"))
         _register_manifests(con, info)
         tables = _add_utc(con) if (views if utc is None else utc) else _shown(con)
 
@@ -460,7 +461,9 @@ def open_audit(paths: Sequence[str | Path] | str | Path, *, memory_limit: str | 
                       reused=fresh is not None, event_files=dict(files),
                       _cleanup=weakref.finalize(con, shutil.rmtree, tmp, True))
         if lock:
-            lock_down(con, allowed_paths=allowed)
+            # NOTE: the streamed passes' tables are views over files of the audit's folder
+            lock_down(con, allowed_paths=allowed,
+                      allowed_directories=[os.path.join(tmp, "tables") + os.sep])
             audit.locked = True
         return audit
     except duckdb.Error as exc:
@@ -549,10 +552,12 @@ def _register_clock(con: Any, manifests: dict[str, dict[str, Any]]) -> None:
 
 def _shown(con: Any) -> list[str]:
     """The tables an audit shows: events, manifests, the reconstructed tables, then any other
-    non-internal table a stage made (``kv_*`` are the stages' own)."""
+    non-internal table a stage made (``kv_*`` are the stages' own). A reconstructed table a
+    streamed pass wrote (``loss_claims``) is a view over its file."""
     # NOTE: events (a view over the runs' files) and manifests are always shown
     return _order_shown(["events", "manifests"] + [r[0] for r in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()])
+        "SELECT table_name FROM duckdb_tables() WHERE NOT internal UNION ALL "
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()])
 
 
 def _order_shown(names: Any) -> list[str]:

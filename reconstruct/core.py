@@ -23,8 +23,9 @@ The semantics are in docs/design.md; the exact rules are in docs/reconstruction.
 NOTE: every stage orders by ``seq`` within a run and joins on ``run_id``: runs never mix.
 NOTE: memory is bounded by DuckDB's ``memory_limit`` (it spills to ``temp_directory``) plus
 one window of events in stage 03 (``labels.WINDOW_ROWS``) and the claim ids of a run in
-stage 02; the SQL stages run window functions only over request, decision and claim-reference
-rows, never over every event or every claim event.
+stage 02; the streamed passes write their tables as Parquet files (``reconstruct/sink.py``);
+the SQL stages run window functions only over request, decision and claim-reference rows,
+never over every event or every claim event.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -355,26 +357,30 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
     return pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA)
 
 
-# NOTE: at this many events or more an audit keeps every table in its database file, where
-# DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed
-# (benchmarks/audit_disk.py: on 10 M dense events the audit's folder holds less than half,
-# for more CPU: the inserts compress as they write).
+# NOTE: at this many events or more an audit keeps the SQL stages' tables in its database file,
+# where DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed
+# (benchmarks/audit_disk.py); the streamed passes' tables are compressed files at any size.
 COMPACT_EVENTS: Final[int] = 200_000_000
 
 
 def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
                truncated_runs: set[str] | None = None,
                progress: Callable[[str], None] | None = None, persist: bool = True,
-               sources: dict[str, Path] | None = None) -> list[str]:
+               sources: dict[str, Path] | None = None,
+               folder: str | Path | None = None) -> list[str]:
     """Run every stage on ``con`` (which must expose ``events``); return the run ids.
 
     ``sources`` maps a run id to the Parquet file holding its events in seq order
     (``stage_events``): the labelling pass reads them from there, not back from DuckDB.
 
+    The streamed passes (claim identity, labelling) write their tables as Parquet files in
+    ``folder`` (``reconstruct/sink.py``), read through views: it must live as long as ``con``
+    is used. Without one, a temporary folder is made and removed once ``con`` is gone.
+
     ``persist=False`` makes the reconstructed tables TEMP tables: same contents, but in a
     file-backed database they are not compressed and written to its file (they still spill
     to ``temp_directory`` beyond ``memory_limit``). ``persist=True`` makes every table the
-    stages create, their ``kv_*`` intermediates included, a table of the database file:
+    SQL stages create, their ``kv_*`` intermediates included, a table of the database file:
     compressed as DuckDB writes it (``COMPACT_EVENTS``).
     """
     kv_manifest = manifest_table(manifests, truncated_runs)
@@ -393,12 +399,16 @@ def run_stages(con: Any, *, manifests: dict[str, dict[str, Any]] | None = None,
                 "SELECT * FROM kv_manifest_lowering_in")
     for name in ("kv_manifest_in", "kv_policies_in", "kv_manifest_lowering_in"):
         con.unregister(name)
+    if folder is None:
+        # NOTE: named as an audit's folder: a killed process's is removed by a later run
+        folder = tempfile.mkdtemp(prefix=f"{AUDIT_PREFIX}{os.getpid()}-")
+        weakref.finalize(con, shutil.rmtree, folder, True)
     for stage in STAGES:
         if stage == CLAIMS_STAGE:  # claim identity (numba, streamed): reconstruct/identity.py
-            identity.build(con, persist=persist, sources=None if sources is None else
+            identity.build(con, Path(folder) / "identity", sources=None if sources is None else
                            _file_batches(sources, identity.COLUMNS, identity.CODED))
         if stage == PASS_STAGE:  # the labelling pass (numba, streamed): reconstruct/labels.py
-            labels.build(con, sources=None if sources is None else
+            labels.build(con, Path(folder) / "pass", sources=None if sources is None else
                          _file_batches(sources, labels.PASS_COLUMNS), persist=persist)
             if progress is not None:
                 progress(stage)

@@ -26,6 +26,7 @@ and the name per claim id of the run (the ids are the run's, not its events).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import numba
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvclaims.contract.vocabulary import EVENT, sql_string
-from kvclaims.reconstruct.labels import insert_held, persistence
+from kvclaims.reconstruct.sink import ParquetSink, created, ddl_schema
 
 #: The events columns ``kv_claim_ev`` keeps (besides ``run_id`` and ``claim_seq``), in its order.
 CLAIM_COLUMNS: Final[tuple[str, ...]] = (
@@ -78,7 +79,7 @@ _CODES: Final[dict[str, int]] = {EVENT.claim_submitted: _SUBMIT, EVENT.claim_acc
                                  EVENT.claim_rejected: _REJECT}
 # per-id state columns
 _FIRST, _SUB, _REJ, _LIVE, _PREV = range(5)
-# rows held before one INSERT per table
+# rows held before each table's held rows are written
 _FLUSH_ROWS: Final[int] = 500_000
 
 _EV_DDL: Final[str] = (
@@ -198,31 +199,7 @@ def _masks(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return is_claim, np.array([w in STAGE_EVENTS for w in words] + [False])[idx], is_bind, codes
 
 
-class _Out:
-    """The rows of the three tables held across runs, handed to DuckDB in one INSERT per table
-    (``labels.insert_held``) every ``_FLUSH_ROWS`` rows held and at the end.
-
-    NOTE: not one INSERT per run: a trace of many short runs paid several ms each."""
-
-    def __init__(self, con: Any) -> None:
-        self.con = con
-        self.held: dict[str, list[pa.Table]] = {
-            "kv_claim_ev": [], "kv_claim_binds": [], "kv_claim_subs": [], "kv_stage_events": []}
-        self.rows = 0
-
-    def add(self, table: str, data: pa.Table) -> None:
-        if data.num_rows:
-            self.held[table].append(data)
-            self.rows += data.num_rows
-        if self.rows >= _FLUSH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        insert_held(self.con, self.held)
-        self.rows = 0
-
-
-def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
+def _run(out: ParquetSink, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
     """One run: its claim events with their instance, its submissions, its stage events."""
     ids = _Ids()
     last = -(1 << 62)
@@ -279,19 +256,20 @@ def _run(out: _Out, rid: str, batches: Iterable[pa.RecordBatch]) -> None:
                               ids.state[open_ids, _PREV]]).astype(np.int64))
 
 
-def build(con: Any, *, sources: Callable[[str], Iterator[pa.RecordBatch]] | None = None,
-          persist: bool = False) -> None:
+def build(con: Any, folder: str | Path, *,
+          sources: Callable[[str], Iterator[pa.RecordBatch]] | None = None) -> list[Path]:
     """Write ``kv_claim_ev``, ``kv_claim_binds``, ``kv_claim_subs`` and ``kv_stage_events``
-    for every run of ``kv_runs``.
+    for every run of ``kv_runs`` as Parquet files in ``folder``, each read through a view of
+    its name (``sink.ParquetSink``); return the files.
 
     ``sources(run_id)`` yields the run's events (loader schema, ``COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
-    TEMP tables unless ``persist`` (``labels.persistence``)."""
-    for ddl in (_EV_DDL, _BINDS_DDL, _SUBS_DDL, _STAGE_DDL):
-        con.execute(persistence(ddl, persist))
-    out = _Out(con)
+    """
+    out = ParquetSink(folder, {created(ddl): ddl_schema(con, ddl)
+                               for ddl in (_EV_DDL, _BINDS_DDL, _SUBS_DDL, _STAGE_DDL)},
+                      _FLUSH_ROWS)
     for (rid,) in con.execute("SELECT run_id FROM kv_runs ORDER BY run_id").fetchall():
         batches = (sources(rid) if sources is not None else
                    con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_table().to_batches())
         _run(out, rid, batches)
-    out.flush()
+    return out.close(con)

@@ -22,8 +22,8 @@ The rule table is ONE function, :func:`rule`; everything else here only maintain
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
 NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
-of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs go to DuckDB (which
-spills them) in one INSERT per table each time that many are held, and at the end. The hashes
+of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs are written as
+Parquet (``sink.ParquetSink``) each time that many are held, and at the end. The hashes
 held are those resident, or bound and named by a later event of the run (``kv_hash_last``, one
 DuckDB aggregate for all runs): a bound hash no later event names is forgotten with its bindings
 once it has no copy. The slot and instance tables hold an instance from its claim_seq until no
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import numba
@@ -45,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvclaims.contract.vocabulary import LABEL_SEVERITY, RESIDENCY_MODES
+from kvclaims.reconstruct.sink import ParquetSink, created, ddl_schema
 
 
 def _shield_llvmlite() -> None:
@@ -999,9 +1001,9 @@ def pinned_in_force(pin_from: np.ndarray, pin_to: np.ndarray, seqs: np.ndarray) 
 
 #: Seconds spent so far in this process by the driver's parts, disjoint (benchmarks print
 #: them): reading and coding the input (``input``), the compiled loop (``loop``), the rest of
-#: each window: its state kept and its outputs made as Arrow (``outputs``), handing outputs to
-#: DuckDB (``insert``, also when a window's outputs fill the sink).
-TIMINGS: dict[str, float] = {"input": 0.0, "loop": 0.0, "outputs": 0.0, "insert": 0.0}
+#: each window: its state kept and its outputs made as Arrow (``outputs``), writing outputs as
+#: Parquet (``write``, also when a window's outputs fill the sink).
+TIMINGS: dict[str, float] = {"input": 0.0, "loop": 0.0, "outputs": 0.0, "write": 0.0}
 
 
 def _timed(items: Iterable[Any], key: str) -> Iterator[Any]:
@@ -1031,7 +1033,7 @@ _MASKED: Final[dict[str, Callable[[str], bool]]] = {
                                   "request_refused",
                                   "request_preempted"),
 }
-# Rows of pass outputs held before they go to DuckDB in one INSERT per table.
+# Rows of pass outputs held before each table's rows are written (``sink.ParquetSink``).
 FLUSH_ROWS: Final[int] = 500_000
 # Claim instances whose slots are filled at once when they enter the slot table.
 SLOT_FILL_INSTANCES: Final[int] = 1 << 20
@@ -1069,9 +1071,9 @@ DDL: Final[tuple[str, ...]] = (
         run_id VARCHAR, seq BIGINT, request_id VARCHAR)""",
 )
 
-# ``loss_claims`` in its final shape (docs/design.md, "Labels"): the pass writes it directly,
-# its claim facts taken from stage 02's per-instance table. NOTE: a TEMP table unless the
-# stages persist their tables (``core.run_stages``), as the SQL stages' tables are.
+# ``loss_claims`` in its final shape (docs/design.md, "Labels"): the pass writes it directly
+# (as ``kv_loss_claims``; the view ``loss_claims`` adds late materializations), its claim facts
+# taken from stage 02's per-instance table.
 LOSS_CLAIMS_DDL: Final[str] = """CREATE OR REPLACE TABLE loss_claims (
     run_id VARCHAR, seq BIGINT, ts_ns BIGINT, block_id INTEGER, block_hash UBIGINT,
     claim_id VARCHAR, claim_seq BIGINT, position INTEGER, label VARCHAR, decided_by_seq BIGINT,
@@ -1166,10 +1168,10 @@ def take_compact(col: pa.Array, idx: np.ndarray, valid: np.ndarray | None = None
     """``col``'s values at ``idx`` (NULL where ``valid`` is False); a dictionary column comes
     back encoded over the values taken only.
 
-    NOTE: DuckDB reads an Arrow dictionary whole for every chunk of an INSERT it scans: a
-    take of a run-wide dictionary (the run's claim ids: one per instance on traces with
-    distinct ids) made each insert cost the run's ids, the pass's inserts the square of the
-    run's length."""
+    NOTE: a dictionary goes whole wherever its column goes (a Parquet dictionary page per row
+    group; DuckDB read it whole for every chunk of an INSERT): a take of a run-wide dictionary
+    (the run's claim ids: one per instance on traces with distinct ids) made each write cost
+    the run's ids, the pass's writes the square of the run's length."""
     valid = np.ones(len(idx), dtype=bool) if valid is None else valid
     if not pa.types.is_dictionary(col.type):
         return col.take(pa.array(idx, mask=None if valid.all() else ~valid))
@@ -1424,18 +1426,16 @@ def _step_cut(step: np.ndarray, step_ok: np.ndarray) -> int:
 
 
 class _Sink:
-    """Pass outputs held as Arrow and handed to DuckDB in one INSERT per table and flush
-    (every ``FLUSH_ROWS`` rows held, and at the end): not one small INSERT per window.
+    """The pass's outputs, written as Parquet (``sink.ParquetSink``: one file per table, a view
+    over it for the SQL stages) every ``FLUSH_ROWS`` rows held, and at the end.
 
     It also holds the instances of the current run that materialized only after a
-    ``loss_claims`` row of theirs was written: ``close`` sets their ``materialized_seq`` in
-    one UPDATE (one row per instance held, never the rows themselves).
+    ``loss_claims`` row of theirs was written: ``close`` gives ``loss_claims`` their
+    ``materialized_seq`` (one row per instance, never the rows themselves: ``kv_late``).
     """
 
-    def __init__(self, con: Any) -> None:
-        self.con = con
-        self.parts: dict[str, list[pa.Table]] = {}
-        self.rows = 0
+    def __init__(self, out: ParquetSink) -> None:
+        self.out = out
         # instances of the current run with a loss_claims row written before they materialized
         self.pending = np.zeros(0, dtype=bool)
         self.late: list[pa.Table] = []
@@ -1459,66 +1459,36 @@ class _Sink:
                 "claim_seq": pa.array(run.fseq[late]),
                 "materialized_seq": pa.array(run.IS[late - run.ib, I_MAT])}))
 
-    def close(self) -> None:
-        """Hand over what is held, then set the late materializations."""
-        self.flush()
-        if not self.late:
-            return
-        self.con.register("kv_late_in", pa.concat_tables(self.late))
-        try:
-            self.con.execute(
-                "UPDATE loss_claims SET materialized_seq = u.materialized_seq FROM kv_late_in u "
-                "WHERE loss_claims.run_id = u.run_id AND loss_claims.claim_seq = u.claim_seq")
-        finally:
-            self.con.unregister("kv_late_in")
-        self.late.clear()
-
     def add(self, table: str, data: pa.Table) -> None:
-        if data.num_rows == 0:
-            return
-        held = self.parts.setdefault(table, [])
-        if held and not held[0].schema.equals(data.schema):
-            self.flush()   # e.g. a run without claims: plain-string columns, not dictionaries
-            held = self.parts.setdefault(table, [])
-        held.append(data)
-        self.rows += data.num_rows
-        if self.rows >= FLUSH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
         t0 = time.perf_counter()
-        self._flush()
-        TIMINGS["insert"] += time.perf_counter() - t0
+        self.out.add(table, data)
+        TIMINGS["write"] += time.perf_counter() - t0
 
-    def _flush(self) -> None:
-        if not any(self.parts.values()):
-            return
-        insert_held(self.con, self.parts)
-        self.parts.clear()
-        self.rows = 0
-
-
-def insert_held(con: Any, held: dict[str, list[pa.Table]]) -> None:
-    """INSERT each table's held Arrow parts (``held``: table -> parts, emptied) in one
-    statement per table, on one DuckDB thread; the configured thread count is restored.
-
-    NOTE: one thread: an INSERT of Arrow in insertion order gains nothing from more, and took
-    about 1.2-1.5x the CPU (and more wall) with two (benchmarks: a 2 M-event dense trace's
-    inserts, 0.50 CPU-s on one thread, 0.61-0.75 on two)."""
-    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-    con.execute("SET threads = 1")
-    try:
-        for table, parts in held.items():
-            if not parts:
-                continue
-            con.register("kv_chunk_in", pa.concat_tables(parts, promote_options="permissive"))
-            try:
-                con.execute(f"INSERT INTO {table} SELECT * FROM kv_chunk_in")
-            finally:
-                con.unregister("kv_chunk_in")
-            parts.clear()
-    finally:
-        con.execute("SET threads = ?", [int(threads)])
+    def close(self, con: Any) -> list[Path]:
+        """Write what is held, make the views, and ``loss_claims``: the pass's rows with the
+        late materializations; return the files written."""
+        t0 = time.perf_counter()
+        paths = self.out.close(con)
+        TIMINGS["write"] += time.perf_counter() - t0
+        con.execute("CREATE OR REPLACE TEMP TABLE kv_late (run_id VARCHAR, claim_seq BIGINT, "
+                    "materialized_seq BIGINT)")
+        if not self.late:
+            con.execute("CREATE OR REPLACE TEMP VIEW loss_claims AS SELECT * FROM kv_loss_claims")
+            return paths
+        con.register("kv_late_in", pa.concat_tables(self.late))
+        try:
+            con.execute("INSERT INTO kv_late SELECT * FROM kv_late_in")
+        finally:
+            con.unregister("kv_late_in")
+        self.late.clear()
+        # NOTE: a join with one row per late instance (a few), not an UPDATE of the file's rows
+        con.execute("""
+            CREATE OR REPLACE TEMP VIEW loss_claims AS
+            SELECT l.* REPLACE (coalesce(u.materialized_seq, l.materialized_seq)
+                                AS materialized_seq)
+            FROM kv_loss_claims l
+            LEFT JOIN kv_late u ON u.run_id = l.run_id AND u.claim_seq = l.claim_seq""")
+        return paths
 
 
 def pass_rows(batch: pa.RecordBatch | pa.Table) -> pa.Table:
@@ -1705,7 +1675,7 @@ def _window(run: _Run, sink: _Sink, t: pa.Table) -> None:
         known = mat >= 0
         sink.pending[pair_inst[~known]] = True
         before, after = P[:, P_BEFORE] == 1, P[:, P_AFTER] == 1
-        sink.add("loss_claims", pa.table({
+        sink.add("kv_loss_claims", pa.table({
             "run_id": _const(rid, npair),
             "seq": pa.array(P[:, P_SEQ]),
             "ts_ns": losses.column("ts_ns").take(li),
@@ -1809,25 +1779,30 @@ def _finish(run: _Run, sink: _Sink) -> None:
             "to_seq": pa.nulls(open_.size, pa.int64())}))
 
 
-def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None = None,
+def build(con: Any, folder: str | Path, *,
+          sources: Callable[[str], Iterable[pa.RecordBatch]] | None = None,
           window: int | None = None, progress: Callable[[int], None] | None = None,
-          persist: bool = False) -> None:
-    """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); fill
+          persist: bool = False) -> list[Path]:
+    """Run the labelling pass over every run of ``kv_runs`` (needs ``kv_claim_facts``); write
     the tables listed in the module docstring (except ``losses``, which stage 04's SQL
-    selects from ``kv_losses``). They are TEMP tables unless ``persist`` (``persistence``).
+    selects from ``kv_losses``) as Parquet files in ``folder``, each read through a view of its
+    name (``sink.ParquetSink``); return the files. Its own inputs are TEMP tables unless
+    ``persist`` (``persistence``).
 
     ``sources(run_id)`` yields the run's events (loader schema, ``PASS_COLUMNS`` at least) in
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
     ``window``: rows passed at once (default ``WINDOW_ROWS``); the results never depend on it.
     """
     window = WINDOW_ROWS if window is None else window
-    for ddl in (*DDL, LOSS_CLAIMS_DDL):
-        con.execute(persistence(ddl, persist))
+    schemas = {created(ddl): ddl_schema(con, ddl) for ddl in DDL}
+    schemas["kv_loss_claims"] = ddl_schema(con, LOSS_CLAIMS_DDL)
     runs = con.execute("SELECT run_id, unknown_from_seq FROM kv_runs ORDER BY run_id").fetchall()
+    sink = _Sink(ParquetSink(folder, schemas, FLUSH_ROWS))
+    # NOTE: the pass's own inputs (kv_hash_last, kv_pass_facts) are stored in their ORDER BY,
+    # what a zonemap prunes the per-run and per-window reads on
     keep_order = con.execute(
         "SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
     con.execute("SET preserve_insertion_order = true")
-    sink = _Sink(con)
     HELD["hashes"] = HELD["instances"] = 0
     try:
         con.execute(persistence(_HASH_LAST_SQL, persist))
@@ -1845,18 +1820,19 @@ def build(con: Any, *, sources: Callable[[str], Iterable[pa.RecordBatch]] | None
                 if t.num_rows > 1 and not bool(np.all(s[1:] >= s[:-1])):
                     raise ValueError(f"run {rid}: events not in seq order")
                 t0 = time.perf_counter()
-                inner = TIMINGS["loop"] + TIMINGS["insert"]
+                inner = TIMINGS["loop"] + TIMINGS["write"]
                 _window(run, sink, t)
                 # NOTE: up to the seq before the window's last: the next window may repeat it
                 run.forget(int(s[-1]) - 1)
                 run.leave(int(s[-1]), sink)
                 TIMINGS["outputs"] += (time.perf_counter() - t0
-                                       - (TIMINGS["loop"] + TIMINGS["insert"] - inner))
+                                       - (TIMINGS["loop"] + TIMINGS["write"] - inner))
                 if progress is not None:
                     progress(t.num_rows)
             _finish(run, sink)
-        sink.close()
+        paths = sink.close(con)
         con.execute("DROP TABLE IF EXISTS kv_hash_last")
         con.execute("DROP TABLE IF EXISTS kv_pass_facts")
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(keep_order)}")
+    return paths

@@ -133,3 +133,61 @@ def test_an_instance_whose_last_event_is_a_binding_is_held_until_it(
     t = core.reconstruct(loader.Trace(events=core.load_jsonl([path]), manifests={},
                                       truncated_runs=set()))
     assert t.con.sql("SELECT claim_id, position FROM loss_claims").fetchall() == [("c", 0)]
+
+
+def _late_materialization_trace(path: Path, *, cached_again: bool) -> None:
+    """A claim on two hashes loses the first before the second is ever cached; more events
+    than a window holds follow; with ``cached_again`` both are then cached (the instance
+    materializes, windows after its loss was written)."""
+    rows: list[dict] = [{"event": "run_started", "runtime": "vllm", "runtime_version": "0.32.0",
+                         "model": "tiny-llama", "block_size": 16, "num_blocks": POOL + 1,
+                         "usable_blocks": POOL, "policy": "native", "schema_version": 3,
+                         "recorder_version": "0.1.0"},
+                        {"event": "claim_submitted", "claim_id": "c", "tenant": "tenant-a",
+                         "request_id": "r", "protection_mode": "hard_protected",
+                         "threshold_blocks": 2, "value": 1.0},
+                        {"event": "claim_accepted", "claim_id": "c"},
+                        {"event": "claim_bound", "claim_id": "c", "block_hash": 8, "position": 0},
+                        {"event": "claim_bound", "claim_id": "c", "block_hash": 9, "position": 1},
+                        {"event": "block_allocated", "block_id": 0, "request_id": "r"},
+                        {"event": "block_cached", "block_id": 0, "block_hash": 8, "position": 0,
+                         "request_id": "r"},
+                        {"event": "block_freed", "block_id": 0, "request_id": "r"},
+                        {"event": "block_evicted", "block_id": 0, "block_hash": 8,
+                         "cause": "allocation", "by_request_id": "x"}]
+    for i in range(3000):
+        rows += [{"event": "block_allocated", "block_id": 3, "request_id": f"f{i}"},
+                 {"event": "block_freed", "block_id": 3, "request_id": f"f{i}"}]
+    if cached_again:
+        for b, h in ((1, 8), (2, 9)):
+            rows += [{"event": "block_allocated", "block_id": b, "request_id": "r2"},
+                     {"event": "block_cached", "block_id": b, "block_hash": h, "position": h - 8,
+                      "request_id": "r2"}]
+    with path.open("w") as f:
+        for seq, row in enumerate(rows):
+            f.write(json.dumps({"run_id": "mat", "seq": seq, "ts_ns": 1_000_000 + 1000 * seq,
+                                **row}) + "\n")
+
+
+def _materialized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+                  cached_again: bool) -> tuple[list[tuple], list[tuple]]:
+    path = tmp_path / "trace.jsonl"
+    _late_materialization_trace(path, cached_again=cached_again)
+    monkeypatch.setattr(labels, "WINDOW_ROWS", 2_000)   # the loss is written windows earlier
+    t = core.reconstruct(loader.Trace(events=core.load_jsonl([path]), manifests={},
+                                      truncated_runs=set()))
+    return (t.con.sql("SELECT seq, materialized_seq FROM loss_claims").fetchall(),
+            t.con.sql("SELECT materialized_seq FROM kv_materialized").fetchall())
+
+
+def test_a_loss_before_its_instance_materialized_carries_the_later_materialization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pairs, materialized = _materialized(tmp_path, monkeypatch, cached_again=True)
+    (mat,), = materialized
+    assert pairs == [(8, mat)] and mat > 6000
+
+
+def test_twin_an_instance_that_never_materializes_leaves_its_losses_without_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pairs, materialized = _materialized(tmp_path, monkeypatch, cached_again=False)
+    assert pairs == [(8, None)] and materialized == []
