@@ -79,8 +79,6 @@ _CODES: Final[dict[str, int]] = {EVENT.claim_submitted: _SUBMIT, EVENT.claim_acc
                                  EVENT.claim_rejected: _REJECT}
 # per-id state columns
 _FIRST, _SUB, _REJ, _LIVE, _PREV = range(5)
-# rows held before each table's held rows are written
-_FLUSH_ROWS: Final[int] = 500_000
 
 _EV_DDL: Final[str] = (
     "CREATE OR REPLACE TEMP TABLE kv_claim_ev AS SELECT "
@@ -266,8 +264,7 @@ def build(con: Any, folder: str | Path, *,
     seq order, e.g. straight from its Parquet file; without it they are read from ``events``.
     """
     out = ParquetSink(folder, {created(ddl): ddl_schema(con, ddl)
-                               for ddl in (_EV_DDL, _BINDS_DDL, _SUBS_DDL, _STAGE_DDL)},
-                      _FLUSH_ROWS)
+                               for ddl in (_EV_DDL, _BINDS_DDL, _SUBS_DDL, _STAGE_DDL)})
     for (rid,) in con.execute("SELECT run_id FROM kv_runs ORDER BY run_id").fetchall():
         batches = (sources(rid) if sources is not None else
                    con.sql(_RUN_SQL, params={"rid": rid}).to_arrow_table().to_batches())

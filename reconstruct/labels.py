@@ -22,7 +22,7 @@ The rule table is ONE function, :func:`rule`; everything else here only maintain
 reads. DuckDB does the scanning before (stages 01-02) and the joining/aggregating after.
 
 NOTE: memory is the run's state (a few int64 per block, hash, slot and instance) plus one window
-of events (``WINDOW_ROWS``) plus at most ``FLUSH_ROWS`` output rows: outputs are written as
+of events (``WINDOW_ROWS``) plus at most ``sink.FLUSH_ROWS`` output rows: outputs are written as
 Parquet (``sink.ParquetSink``) each time that many are held, and at the end. The hashes
 held are those resident, or bound and named by a later event of the run (``kv_hash_last``, one
 DuckDB aggregate for all runs): a bound hash no later event names is forgotten with its bindings
@@ -1033,8 +1033,6 @@ _MASKED: Final[dict[str, Callable[[str], bool]]] = {
                                   "request_refused",
                                   "request_preempted"),
 }
-# Rows of pass outputs held before each table's rows are written (``sink.ParquetSink``).
-FLUSH_ROWS: Final[int] = 500_000
 # Claim instances whose slots are filled at once when they enter the slot table.
 SLOT_FILL_INSTANCES: Final[int] = 1 << 20
 
@@ -1427,7 +1425,7 @@ def _step_cut(step: np.ndarray, step_ok: np.ndarray) -> int:
 
 class _Sink:
     """The pass's outputs, written as Parquet (``sink.ParquetSink``: one file per table, a view
-    over it for the SQL stages) every ``FLUSH_ROWS`` rows held, and at the end.
+    over it for the SQL stages) every ``sink.FLUSH_ROWS`` rows held, and at the end.
 
     It also holds the instances of the current run that materialized only after a
     ``loss_claims`` row of theirs was written: ``close`` gives ``loss_claims`` their
@@ -1797,7 +1795,7 @@ def build(con: Any, folder: str | Path, *,
     schemas = {created(ddl): ddl_schema(con, ddl) for ddl in DDL}
     schemas["kv_loss_claims"] = ddl_schema(con, LOSS_CLAIMS_DDL)
     runs = con.execute("SELECT run_id, unknown_from_seq FROM kv_runs ORDER BY run_id").fetchall()
-    sink = _Sink(ParquetSink(folder, schemas, FLUSH_ROWS))
+    sink = _Sink(ParquetSink(folder, schemas))
     # NOTE: the pass's own inputs (kv_hash_last, kv_pass_facts) are stored in their ORDER BY,
     # what a zonemap prunes the per-run and per-window reads on
     keep_order = con.execute(

@@ -3,7 +3,7 @@ stages read through a view of the same name (docs/reconstruction.md, "What bound
 time"). No DuckDB table in between.
 
 A pass holds its output rows as Arrow and writes each table's held rows as one row group each
-time ``flush_rows`` rows are held in all, and at the end; ``close`` makes the views.
+time ``FLUSH_ROWS`` rows are held in all, and at the end; ``close`` makes the views.
 
 NOTE: an INSERT of Arrow into DuckDB cost about twice the CPU of writing the same rows as
 lz4 Parquet (loss_claims of 10 M dense events: 2.1 against 1.1 CPU-s), and into a table of the
@@ -26,6 +26,9 @@ from kvclaims.contract.vocabulary import sql_string
 # NOTE: lz4: the files are read a few times by the stages and then removed with the audit;
 # zstd took a third more CPU to write for a tenth less disk.
 COMPRESSION: Final[str] = "lz4"
+
+# Output rows a pass holds (all its tables together) before each table's are written.
+FLUSH_ROWS: Final[int] = 500_000
 
 _TABLE_RE: Final = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+)?TABLE\s+(\w+)",
                               re.IGNORECASE)
@@ -65,7 +68,7 @@ class ParquetSink:
     """
 
     def __init__(self, folder: str | Path, schemas: dict[str, pa.Schema],
-                 flush_rows: int = 500_000) -> None:
+                 flush_rows: int = FLUSH_ROWS) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.schemas = dict(schemas)
