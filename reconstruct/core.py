@@ -51,6 +51,7 @@ from kvclaims.contract.schema import InputError
 from kvclaims.contract.vocabulary import (PINNING_MODES, PROTECTION_MODES, RESIDENCY_MODES,
                                           TABLE_NAMES, VERDICT_TABLES, fill_sql, sql_string)
 from kvclaims.reconstruct import checks, identity, labels
+from kvclaims.reconstruct.sink import created_table
 from kvclaims.contract import policies
 from kvclaims.reconstruct import loader
 from kvclaims.sources.jsonl import read_jsonl
@@ -108,16 +109,6 @@ def split_statements(sql: str) -> list[str]:
     lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
     parts = re.split(r";[ \t]*$", "\n".join(lines), flags=re.MULTILINE)
     return [p.strip() for p in parts if p.strip()]
-
-
-_CREATED_RE: Final = re.compile(
-    r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+)?(?:TABLE|VIEW)\s+(\w+)", re.IGNORECASE)
-
-
-def created_table(sql: str) -> str | None:
-    """The table or view a statement creates (None: it creates none)."""
-    made = _CREATED_RE.search(sql)
-    return made.group(1) if made else None
 
 
 def _where(exc: BaseException, stage: str, i: int, n: int, stmt: str) -> str:
