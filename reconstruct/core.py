@@ -349,7 +349,8 @@ def manifest_table(manifests: dict[str, dict[str, Any]] | None,
 
 
 # NOTE: at this many events or more an audit keeps the SQL stages' tables in its database file,
-# where DuckDB compresses what it writes, instead of TEMP tables, which spill uncompressed
+# compressed as DuckDB writes them, instead of TEMP tables, which it holds in memory up to its
+# memory_limit and spills uncompressed beyond it: a lower peak RSS for more CPU
 # (benchmarks/audit_disk.py); the streamed passes' tables are compressed files at any size.
 COMPACT_EVENTS: Final[int] = 200_000_000
 
