@@ -343,14 +343,15 @@ def kept_traces(traces: Path, shape: str, events: int) -> tuple[list[Path], int,
     """The shape's traces under ``traces``, generated there once and reused by later runs
     (``--traces``); returns (paths, events, whether they were reused).
 
-    NOTE: a ``.done`` file beside the traces marks a finished generation: an interrupted one
-    is generated again from scratch.
+    NOTE: a ``.done`` file beside the traces marks a finished generation: an interrupted one,
+    or one whose ``.done`` names no events or a path that is gone, is generated again.
     """
     where = traces / f"{shape}-{events}"
     done = traces / f"{shape}-{events}.done"
     if done.exists():
         got = json.loads(done.read_text())
-        return [Path(p) for p in got["paths"]], got["events"], True
+        if got.get("events") and all(Path(p).exists() for p in got.get("paths", ())):
+            return [Path(p) for p in got["paths"]], got["events"], True
     shutil.rmtree(where, ignore_errors=True)
     traces.mkdir(parents=True, exist_ok=True)
     paths, n = generate(where, shape, events)

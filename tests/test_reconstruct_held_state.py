@@ -18,6 +18,20 @@ BLOCKS = 2        # per request, each a content hash of its own
 POOL = 16         # blocks, reused round robin: every cached block is evicted later
 
 
+RUN_STARTED = {"event": "run_started", "runtime": "vllm", "runtime_version": "0.32.0",
+               "model": "tiny-llama", "block_size": 16, "num_blocks": POOL + 1,
+               "usable_blocks": POOL, "policy": "native", "schema_version": 3,
+               "recorder_version": "0.1.0"}
+
+
+def _write(path: Path, run: str, rows: list[dict]) -> None:
+    """``rows`` as one run's JSON Lines trace, numbered from seq 0."""
+    with path.open("w") as f:
+        for seq, row in enumerate(rows):
+            f.write(json.dumps({"run_id": run, "seq": seq, "ts_ns": 1_000_000 + 1000 * seq,
+                                **row}) + "\n")
+
+
 def _hash(r: int, p: int) -> int:
     return 1_000_003 * (r + 1) + p
 
@@ -26,10 +40,7 @@ def _trace(path: Path, *, named_again: bool) -> None:
     """A run of ``REQUESTS`` requests, each claiming its own ``BLOCKS`` hashes (claim released
     after the request); with ``named_again`` every hash is cached once more at the end."""
     run = "held-state"
-    rows: list[dict] = [{"event": "run_started", "runtime": "vllm", "runtime_version": "0.32.0",
-                         "model": "tiny-llama", "block_size": 16, "num_blocks": POOL + 1,
-                         "usable_blocks": POOL, "policy": "native", "schema_version": 3,
-                         "recorder_version": "0.1.0"}]
+    rows: list[dict] = [dict(RUN_STARTED)]
     held: dict[int, int] = {}   # block -> hash it holds
 
     def cache(b: int, h: int, req: str) -> None:
@@ -61,10 +72,7 @@ def _trace(path: Path, *, named_again: bool) -> None:
             cache(i % POOL, _hash(i // BLOCKS, i % BLOCKS), "again")
     rows.append({"event": "run_finished", "events_written": len(rows) + 1,
                  "events_dropped": 0})
-    with path.open("w") as f:
-        for seq, row in enumerate(rows):
-            f.write(json.dumps({"run_id": run, "seq": seq, "ts_ns": 1_000_000 + 1000 * seq,
-                                **row}) + "\n")
+    _write(path, run, rows)
 
 
 def _reconstruct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
@@ -101,10 +109,7 @@ def test_twin_hashes_named_again_later_are_held_with_their_instances_and_judged(
 def _late_binding_trace(path: Path) -> None:
     """One claim accepted, then more events than a window holds, then bound (its last event)
     to content that is cached and lost."""
-    rows: list[dict] = [{"event": "run_started", "runtime": "vllm", "runtime_version": "0.32.0",
-                         "model": "tiny-llama", "block_size": 16, "num_blocks": POOL + 1,
-                         "usable_blocks": POOL, "policy": "native", "schema_version": 3,
-                         "recorder_version": "0.1.0"},
+    rows: list[dict] = [dict(RUN_STARTED),
                         {"event": "claim_submitted", "claim_id": "c", "tenant": "tenant-a",
                          "request_id": "r", "protection_mode": "hard_protected",
                          "threshold_blocks": 1, "value": 1.0},
@@ -119,10 +124,7 @@ def _late_binding_trace(path: Path) -> None:
              {"event": "block_freed", "block_id": 0, "request_id": "r"},
              {"event": "block_evicted", "block_id": 0, "block_hash": 8, "cause": "allocation",
               "by_request_id": "x"}]
-    with path.open("w") as f:
-        for seq, row in enumerate(rows):
-            f.write(json.dumps({"run_id": "late", "seq": seq, "ts_ns": 1_000_000 + 1000 * seq,
-                                **row}) + "\n")
+    _write(path, "late", rows)
 
 
 def test_an_instance_whose_last_event_is_a_binding_is_held_until_it(
@@ -139,10 +141,7 @@ def _late_materialization_trace(path: Path, *, cached_again: bool) -> None:
     """A claim on two hashes loses the first before the second is ever cached; more events
     than a window holds follow; with ``cached_again`` both are then cached (the instance
     materializes, windows after its loss was written)."""
-    rows: list[dict] = [{"event": "run_started", "runtime": "vllm", "runtime_version": "0.32.0",
-                         "model": "tiny-llama", "block_size": 16, "num_blocks": POOL + 1,
-                         "usable_blocks": POOL, "policy": "native", "schema_version": 3,
-                         "recorder_version": "0.1.0"},
+    rows: list[dict] = [dict(RUN_STARTED),
                         {"event": "claim_submitted", "claim_id": "c", "tenant": "tenant-a",
                          "request_id": "r", "protection_mode": "hard_protected",
                          "threshold_blocks": 2, "value": 1.0},
@@ -163,10 +162,7 @@ def _late_materialization_trace(path: Path, *, cached_again: bool) -> None:
             rows += [{"event": "block_allocated", "block_id": b, "request_id": "r2"},
                      {"event": "block_cached", "block_id": b, "block_hash": h, "position": h - 8,
                       "request_id": "r2"}]
-    with path.open("w") as f:
-        for seq, row in enumerate(rows):
-            f.write(json.dumps({"run_id": "mat", "seq": seq, "ts_ns": 1_000_000 + 1000 * seq,
-                                **row}) + "\n")
+    _write(path, "mat", rows)
 
 
 def _materialized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
