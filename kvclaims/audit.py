@@ -367,10 +367,7 @@ class Audit:
                              "are written already; open the run directories for this")
 
     def _wrapped(self, name: str) -> bool:
-        return bool(self.con.execute(
-            "SELECT count(*) FROM (SELECT table_name FROM duckdb_tables() UNION ALL "
-            "SELECT view_name FROM duckdb_views()) WHERE table_name = ?",
-            [_RAW + name]).fetchall()[0][0])
+        return _RAW + name in _relations(self.con)
 
     def _reconstructed(self) -> list[str]:
         return [t for t in self.tables if t not in ("events", "manifests")]
@@ -555,9 +552,14 @@ def _shown(con: Any) -> list[str]:
     non-internal table a stage made (``kv_*`` are the stages' own). A reconstructed table a
     streamed pass wrote (``loss_claims``) is a view over its file."""
     # NOTE: events (a view over the runs' files) and manifests are always shown
-    return _order_shown(["events", "manifests"] + [r[0] for r in con.execute(
+    return _order_shown(["events", "manifests", *_relations(con)])
+
+
+def _relations(con: Any) -> set[str]:
+    """The names of the connection's own tables and views (not DuckDB's internal ones)."""
+    return {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE NOT internal UNION ALL "
-        "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()])
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
 def _order_shown(names: Any) -> list[str]:

@@ -1468,14 +1468,12 @@ class _Sink:
         t0 = time.perf_counter()
         paths = self.out.close(con)
         TIMINGS["write"] += time.perf_counter() - t0
-        con.execute("CREATE OR REPLACE TEMP TABLE kv_late (run_id VARCHAR, claim_seq BIGINT, "
-                    "materialized_seq BIGINT)")
         if not self.late:
             con.execute("CREATE OR REPLACE TEMP VIEW loss_claims AS SELECT * FROM kv_loss_claims")
             return paths
         con.register("kv_late_in", pa.concat_tables(self.late))
         try:
-            con.execute("INSERT INTO kv_late SELECT * FROM kv_late_in")
+            con.execute("CREATE OR REPLACE TEMP TABLE kv_late AS SELECT * FROM kv_late_in")
         finally:
             con.unregister("kv_late_in")
         self.late.clear()

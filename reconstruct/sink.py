@@ -41,19 +41,24 @@ def created_table(sql: str) -> str | None:
     return made.group(2) if made else None
 
 
-def created(ddl: str) -> str:
-    """The table a ``CREATE [OR REPLACE] [TEMP] TABLE name ...`` statement creates."""
+def _table_made(ddl: str) -> re.Match[str]:
     made = _CREATED_RE.search(ddl)
     if made is None or made.group(1).upper() != "TABLE":
         raise ValueError(f"not a CREATE TABLE statement: {ddl[:60]!r}")
-    return made.group(2)
+    return made
+
+
+def created(ddl: str) -> str:
+    """The table a ``CREATE [OR REPLACE] [TEMP] TABLE name ...`` statement creates."""
+    return _table_made(ddl).group(2)
 
 
 def ddl_schema(con: Any, ddl: str) -> pa.Schema:
     """The Arrow schema of the table ``ddl`` creates, as DuckDB types it: the DDL stays the one
     statement of a table's columns."""
-    probe = f"kv_schema_{created(ddl)}"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {probe}{ddl[_CREATED_RE.search(ddl).end():]}")
+    made = _table_made(ddl)
+    probe = f"kv_schema_{made.group(2)}"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {probe}{ddl[made.end():]}")
     try:
         return con.table(probe).limit(0).to_arrow_table().schema
     finally:
